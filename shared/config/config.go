@@ -1,0 +1,177 @@
+// Package config reads orderpipe's environment into one documented struct.
+// Every environment variable that any part reads is listed in Vars, which is
+// what `orderpipe help` prints and what the compose.yaml test checks against.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Var documents one environment variable.
+type Var struct {
+	Name    string
+	Meaning string
+	Default string
+}
+
+var registry = map[string]Var{}
+
+// Register adds a variable to the documented set; parts call it from an
+// init function for the variables that only they read. It returns the name.
+func Register(name, meaning, def string) string {
+	registry[name] = Var{Name: name, Meaning: meaning, Default: def}
+	return name
+}
+
+// Vars returns every documented variable, sorted by name.
+func Vars() []Var {
+	out := make([]Var, 0, len(registry))
+	for _, v := range registry {
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// The variables every process reads.
+var (
+	EnvDatabaseURL           = Register("DATABASE_URL", "PostgreSQL connection string", "dev: the managed local server")
+	EnvNATSURL               = Register("NATS_URL", "NATS server(s), comma-separated", "dev: the embedded server")
+	EnvHTTPAddr              = Register("HTTP_ADDR", "listen address of the part's HTTP server (intake API, or health and metrics)", ":8080")
+	EnvPSPURL                = Register("PSP_URL", "base URL of the payment provider", "dev: the built-in stand-in")
+	EnvDataDir               = Register("ORDERPIPE_DATA_DIR", "where `dev` keeps its PostgreSQL and JetStream data", ".data")
+	EnvAllowPrivateCallbacks = Register("ORDERPIPE_ALLOW_PRIVATE_CALLBACKS", "let callback URLs be http and point at private/loopback addresses (dev, tests)", "off")
+	EnvLogFormat             = Register("ORDERPIPE_LOG_FORMAT", "log format: json or text", "json (text in dev)")
+	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", "info")
+	EnvStreamReplicas        = Register("ORDERPIPE_STREAM_REPLICAS", "replicas of the ORDERS stream (1, 3 or 5)", "1")
+	EnvShutdownTimeout       = Register("ORDERPIPE_SHUTDOWN_TIMEOUT", "how long a process drains in-flight work on SIGTERM", "20s")
+)
+
+// Config is what every process reads from the environment. Parts read
+// their own extra settings next to their Run function.
+type Config struct {
+	DatabaseURL           string
+	NATSURL               string
+	HTTPAddr              string
+	PSPURL                string
+	DataDir               string
+	AllowPrivateCallbacks bool
+	LogFormat             string
+	LogLevel              string
+	StreamReplicas        int
+	ShutdownTimeout       time.Duration
+}
+
+// FromEnv reads Config from the environment with defaults and validates
+// it. Missing DATABASE_URL/NATS_URL are allowed here; commands that need
+// them call Require.
+func FromEnv() (Config, error) {
+	return fromLookup(os.LookupEnv)
+}
+
+func fromLookup(lookup func(string) (string, bool)) (Config, error) {
+	get := func(k, def string) string {
+		if v, ok := lookup(k); ok && strings.TrimSpace(v) != "" {
+			return strings.TrimSpace(v)
+		}
+		return def
+	}
+	c := Config{
+		DatabaseURL: get(EnvDatabaseURL, ""),
+		NATSURL:     get(EnvNATSURL, ""),
+		HTTPAddr:    get(EnvHTTPAddr, ":8080"),
+		PSPURL:      get(EnvPSPURL, ""),
+		DataDir:     get(EnvDataDir, ".data"),
+		LogFormat:   get(EnvLogFormat, "json"),
+		LogLevel:    get(EnvLogLevel, "info"),
+	}
+	var errs []error
+	var err error
+	if c.AllowPrivateCallbacks, err = ParseBool(get(EnvAllowPrivateCallbacks, "off")); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", EnvAllowPrivateCallbacks, err))
+	}
+	if c.StreamReplicas, err = strconv.Atoi(get(EnvStreamReplicas, "1")); err != nil || (c.StreamReplicas != 1 && c.StreamReplicas != 3 && c.StreamReplicas != 5) {
+		errs = append(errs, fmt.Errorf("%s: want 1, 3 or 5, got %q", EnvStreamReplicas, get(EnvStreamReplicas, "1")))
+	}
+	if c.ShutdownTimeout, err = time.ParseDuration(get(EnvShutdownTimeout, "20s")); err != nil || c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%s: want a positive duration like 20s, got %q", EnvShutdownTimeout, get(EnvShutdownTimeout, "20s")))
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		errs = append(errs, fmt.Errorf("%s: want json or text, got %q", EnvLogFormat, c.LogFormat))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("%s: want debug, info, warn or error, got %q", EnvLogLevel, c.LogLevel))
+	}
+	return c, errors.Join(errs...)
+}
+
+// Require returns an error naming every variable in names that is empty.
+func (c Config) Require(names ...string) error {
+	var missing []string
+	for _, n := range names {
+		var v string
+		switch n {
+		case EnvDatabaseURL:
+			v = c.DatabaseURL
+		case EnvNATSURL:
+			v = c.NATSURL
+		case EnvPSPURL:
+			v = c.PSPURL
+		default:
+			v = os.Getenv(n)
+		}
+		if v == "" {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing environment: %s must be set (or run `orderpipe dev`, which sets them)", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// ParseBool accepts 1/0, true/false, yes/no, on/off (any case).
+func ParseBool(s string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "1", "true", "yes", "on":
+		return true, nil
+	case "", "0", "false", "no", "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("want on/off, true/false, 1/0 or yes/no, got %q", s)
+}
+
+// Duration reads a duration variable with a default; an unparsable or
+// non-positive value is an error naming the variable.
+func Duration(name string, def time.Duration) (time.Duration, error) {
+	v := strings.TrimSpace(os.Getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s: want a positive duration like 5s, got %q", name, v)
+	}
+	return d, nil
+}
+
+// Int reads an integer variable with a default and a lower bound.
+func Int(name string, def, min int) (int, error) {
+	v := strings.TrimSpace(os.Getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < min {
+		return 0, fmt.Errorf("%s: want an integer >= %d, got %q", name, min, v)
+	}
+	return n, nil
+}

@@ -1,0 +1,136 @@
+// Package natsjs connects to NATS JetStream, provisions the ORDERS stream as
+// code, and runs the embedded server that `orderpipe dev` and the tests use
+// (the real nats-server, as a Go library, with its file store on disk).
+package natsjs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"orderpipe/shared/orderevent"
+)
+
+// DuplicateWindow is how long JetStream remembers a Nats-Msg-Id. A
+// republish with the same id inside it is dropped by the broker; outside it,
+// the consumers' processed_messages rows drop it.
+const DuplicateWindow = 2 * time.Hour
+
+// Connect dials the NATS server(s) in url (comma-separated) with endless
+// reconnects, and returns the connection and its JetStream context.
+func Connect(url, name string, logger *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url,
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.RetryOnFailedConnect(false),
+		nats.Timeout(5*time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				logger.Warn("nats disconnected", slog.Any("error", err))
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			logger.Info("nats reconnected", slog.String("url", c.ConnectedUrlRedacted()))
+		}),
+	)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("open JetStream: %w", err)
+	}
+	return nc, js, nil
+}
+
+// StreamConfig returns the ORDERS stream's configuration: file storage,
+// the duplicate window, limits retention, and the given replicas.
+func StreamConfig(t orderevent.Topology, replicas int) jetstream.StreamConfig {
+	if replicas < 1 {
+		replicas = 1
+	}
+	return jetstream.StreamConfig{
+		Name:        t.Stream,
+		Description: "orderpipe order events",
+		Subjects:    []string{t.AllSubjects()},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Replicas:    replicas,
+		Duplicates:  DuplicateWindow,
+		MaxAge:      7 * 24 * time.Hour,
+		Discard:     jetstream.DiscardOld,
+	}
+}
+
+// EnsureStream creates or updates the stream so that it matches
+// StreamConfig. It is called at every start, so a broker that lost its
+// streams gets them back.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, t orderevent.Topology, replicas int) (jetstream.Stream, error) {
+	s, err := js.CreateOrUpdateStream(ctx, StreamConfig(t, replicas))
+	if err != nil {
+		return nil, fmt.Errorf("provision stream %s: %w", t.Stream, err)
+	}
+	return s, nil
+}
+
+// Ping reports whether the connection is up and JetStream answers.
+func Ping(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) error {
+	if !nc.IsConnected() {
+		return errors.New("nats: not connected")
+	}
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	return nil
+}
+
+// EmbeddedOptions configure an embedded server.
+type EmbeddedOptions struct {
+	// StoreDir holds JetStream's file store.
+	StoreDir string
+	// Port to listen on (127.0.0.1); -1 picks a free one.
+	Port int
+	// SyncAlways makes JetStream fsync every write before acknowledging
+	// it (see deploy/nats.conf for the trade-off). Off in tests.
+	SyncAlways bool
+}
+
+// StartEmbedded runs a NATS server with JetStream in this process and waits
+// until it accepts connections.
+func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
+	if o.Port == 0 {
+		o.Port = -1
+	}
+	opts := &server.Options{
+		ServerName: "orderpipe-embedded",
+		Host:       "127.0.0.1",
+		Port:       o.Port,
+		JetStream:  true,
+		StoreDir:   o.StoreDir,
+		NoLog:      true,
+		NoSigs:     true,
+		MaxPayload: 1 << 20,
+	}
+	if o.SyncAlways {
+		opts.SyncAlways = true
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("configure embedded NATS: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(15 * time.Second) {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return nil, errors.New("embedded NATS did not become ready within 15s")
+	}
+	return ns, nil
+}

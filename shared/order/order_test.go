@@ -1,0 +1,63 @@
+package order
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidateRequestID(t *testing.T) {
+	t.Parallel()
+	good := []string{"a", "ORD20261202143022a3f9c1", "x.y_z:1-2", strings.Repeat("a", 64)}
+	bad := []string{"", " ", "a b", strings.Repeat("a", 65), "ü", "a/b", "a\n"}
+	for _, s := range good {
+		if err := ValidateRequestID(s); err != nil {
+			t.Errorf("ValidateRequestID(%q) = %v, want nil", s, err)
+		}
+	}
+	for _, s := range bad {
+		if err := ValidateRequestID(s); err == nil {
+			t.Errorf("ValidateRequestID(%q) = nil, want error", s)
+		}
+	}
+}
+
+func TestGeneratedIDsFollowTheRule(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 14, 30, 22, 123e6, time.UTC)
+	rid := NewRequestID(now)
+	if err := ValidateRequestID(rid); err != nil || !strings.HasPrefix(rid, "ORD20261202143022") || len(rid) != 23 {
+		t.Fatalf("NewRequestID = %q (%v)", rid, err)
+	}
+	no := NewOrderNo(now)
+	if !strings.HasPrefix(no, "ORD20261202143022123") || len(no) != 28 {
+		t.Fatalf("NewOrderNo = %q", no)
+	}
+	if NewOrderNo(now) == no {
+		t.Fatal("two order numbers in the same millisecond are equal")
+	}
+}
+
+func TestTransitions(t *testing.T) {
+	t.Parallel()
+	for _, s := range Statuses() {
+		if !s.Valid() {
+			t.Errorf("%s not valid", s)
+		}
+		if s.Terminal() && len(transitions[s]) > 0 {
+			t.Errorf("terminal %s has transitions", s)
+		}
+	}
+	if err := CheckTransition(StatusConfirmed, StatusProcessing); err == nil {
+		t.Error("confirmed → processing allowed")
+	}
+	if err := CheckTransition(StatusPaid, StatusReserved); err == nil {
+		t.Error("paid → reserved allowed (backwards)")
+	}
+	if err := CheckTransition(StatusProcessing, StatusReserved); err != nil {
+		t.Error(err)
+	}
+	if Status("shipped").Valid() {
+		t.Error("unknown status valid")
+	}
+}

@@ -1,0 +1,165 @@
+// Package postgres opens orderpipe's connection pool, applies the schema
+// and translates PostgreSQL errors into the ones the parts match on.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"orderpipe/migrations"
+)
+
+// Open creates a pool and pings it, so a wrong URL fails here and not at
+// the first query.
+func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create pool: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to PostgreSQL at %s: %w", redact(cfg), err)
+	}
+	return pool, nil
+}
+
+func redact(cfg *pgxpool.Config) string {
+	return fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+}
+
+// Migrator applies the embedded schema with goose's Provider API under a
+// PostgreSQL session lock, so several processes starting at once migrate
+// one after the other.
+type Migrator struct {
+	db       *sql.DB
+	provider *goose.Provider
+}
+
+// NewMigrator opens a database/sql handle on the pool (goose needs one).
+// Close it when done.
+func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("create migration lock: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, goose.WithSessionLocker(locker))
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("load migrations: %w", err)
+	}
+	return &Migrator{db: db, provider: p}, nil
+}
+
+// Close releases the database/sql handle (not the pool).
+func (m *Migrator) Close() error { return m.db.Close() }
+
+// Up applies every pending migration.
+func (m *Migrator) Up(ctx context.Context) error {
+	if _, err := m.provider.Up(ctx); err != nil {
+		return fmt.Errorf("migrate up: %w", err)
+	}
+	return nil
+}
+
+// Down rolls back the newest applied migration.
+func (m *Migrator) Down(ctx context.Context) error {
+	if _, err := m.provider.Down(ctx); err != nil && !errors.Is(err, goose.ErrNoNextVersion) {
+		return fmt.Errorf("migrate down: %w", err)
+	}
+	return nil
+}
+
+// Reset rolls back every applied migration.
+func (m *Migrator) Reset(ctx context.Context) error {
+	if _, err := m.provider.DownTo(ctx, 0); err != nil {
+		return fmt.Errorf("migrate down to 0: %w", err)
+	}
+	return nil
+}
+
+// Status writes one line per migration: version, state, file.
+func (m *Migrator) Status(ctx context.Context, w io.Writer) error {
+	st, err := m.provider.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("migration status: %w", err)
+	}
+	for _, s := range st {
+		applied := "pending"
+		if s.State == goose.StateApplied {
+			applied = "applied " + s.AppliedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "%05d  %-28s  %s\n", s.Source.Version, applied, s.Source.Path)
+	}
+	return nil
+}
+
+// Migrate applies every pending migration on pool.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	m, err := NewMigrator(pool)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return m.Up(ctx)
+}
+
+// SQLSTATE codes that the parts match on.
+const (
+	CodeUniqueViolation      = "23505"
+	CodeSerializationFailure = "40001"
+	CodeDeadlockDetected     = "40P01"
+)
+
+// IsUniqueViolation reports whether err is a unique violation of the named
+// constraint (any constraint when name is empty), matched by SQLSTATE and
+// constraint name, never by error text.
+func IsUniqueViolation(err error, constraint string) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != CodeUniqueViolation {
+		return false
+	}
+	return constraint == "" || pgErr.ConstraintName == constraint
+}
+
+// IsTransient reports whether err is worth retrying: a serialization
+// failure, a deadlock, or a connection-level failure (server restarting,
+// connection refused or lost).
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57": // connection exception, insufficient resources, operator intervention (shutdown)
+			return true
+		}
+		return pgErr.Code == CodeSerializationFailure || pgErr.Code == CodeDeadlockDetected
+	}
+	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
