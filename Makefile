@@ -1,0 +1,54 @@
+# orderpipe — the two commands are `make run` and `make test`.
+SHELL := /bin/bash
+GO ?= go
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
+# Fuzz targets run for FUZZTIME each in `make test`; `make fuzz FUZZTIME=5m` for longer.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
+
+.PHONY: run test build postgres-binaries check-fmt vet lint unit fuzz clean
+
+## run: install what is missing, then start the whole pipeline locally (orderpipe dev)
+run: postgres-binaries build
+	./bin/orderpipe dev
+
+## test: gofmt, go vet, the pinned linter, the whole suite with -race (real servers), short fuzzing
+test: postgres-binaries check-fmt vet lint unit fuzz
+
+build:
+	$(GO) build -o bin/orderpipe .
+
+# PostgreSQL's server binaries come from the machine's Debian packages.
+postgres-binaries:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
+	echo "PostgreSQL server binaries are missing; installing Debian's postgresql package"; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else \
+	  echo "Please install them first: sudo apt-get install -y postgresql" >&2; exit 1; fi; \
+	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q postgresql
+
+check-fmt:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+$(GOLANGCI_LINT):
+	GOFLAGS= $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	cp $(shell $(GO) env GOPATH)/bin/golangci-lint $@
+
+lint: $(GOLANGCI_LINT)
+	$(GOLANGCI_LINT) run ./...
+
+unit:
+	$(GO) test -race -count=1 -timeout 12m ./...
+
+fuzz:
+	@set -e; for dir in $(FUZZ_TARGETS); do \
+	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go | cut -c6-); do \
+	    echo "fuzz $$dir $$f ($(FUZZTIME))"; \
+	    $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$dir; \
+	  done; done
+
+clean:
+	rm -rf bin

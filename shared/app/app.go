@@ -1,0 +1,168 @@
+// Package app opens what every orderpipe process needs — the PostgreSQL
+// pool, the NATS connection with the ORDERS stream provisioned, a logger and
+// a metrics registry — and serves /healthz, /readyz and /metrics.
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"orderpipe/shared/config"
+	"orderpipe/shared/natsjs"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/postgres"
+)
+
+// Env is a process's connections and shared services.
+type Env struct {
+	Config   config.Config
+	Logger   *slog.Logger
+	Pool     *pgxpool.Pool
+	NC       *nats.Conn
+	JS       jetstream.JetStream
+	Topology orderevent.Topology
+	// Metrics is the process's registry; parts register their collectors
+	// on it and /metrics serves it.
+	Metrics *prometheus.Registry
+}
+
+// NewLogger returns the process logger: JSON or text per the config.
+func NewLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// Open connects to PostgreSQL and NATS (DATABASE_URL and NATS_URL must be
+// set) and provisions the stream. name identifies the process to NATS.
+func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, name string) (*Env, error) {
+	if err := cfg.Require(config.EnvDatabaseURL, config.EnvNATSURL); err != nil {
+		return nil, err
+	}
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	nc, js, err := natsjs.Connect(cfg.NATSURL, "orderpipe-"+name, logger)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	env := &Env{Config: cfg, Logger: logger, Pool: pool, NC: nc, JS: js, Topology: orderevent.DefaultTopology, Metrics: NewRegistry()}
+	if _, err := natsjs.EnsureStream(ctx, js, env.Topology, cfg.StreamReplicas); err != nil {
+		env.Close()
+		return nil, err
+	}
+	return env, nil
+}
+
+// NewRegistry returns a registry with the Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+// Close drains the NATS connection and closes the pool.
+func (e *Env) Close() {
+	if e.NC != nil {
+		_ = e.NC.Drain()
+		e.NC.Close()
+	}
+	if e.Pool != nil {
+		e.Pool.Close()
+	}
+}
+
+// Ready checks both dependencies and returns an error naming each one that
+// fails.
+func (e *Env) Ready(ctx context.Context) map[string]error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return map[string]error{
+		"postgres": e.Pool.Ping(ctx),
+		"nats":     natsjs.Ping(ctx, e.NC, e.JS),
+	}
+}
+
+// Mount adds /healthz, /readyz and /metrics to mux.
+func (e *Env) Mount(mux *http.ServeMux) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		checks := e.Ready(r.Context())
+		body := map[string]string{}
+		code := http.StatusOK
+		for name, err := range checks {
+			if err != nil {
+				body[name] = err.Error()
+				code = http.StatusServiceUnavailable
+			} else {
+				body[name] = "ok"
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(body)
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(e.Metrics, promhttp.HandlerOpts{Registry: e.Metrics}))
+}
+
+// Serve runs an HTTP server on addr until ctx ends, then shuts it down,
+// giving in-flight requests up to drain to finish.
+func Serve(ctx context.Context, addr string, h http.Handler, logger *slog.Logger, drain time.Duration) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return ServeListener(ctx, l, h, logger, drain)
+}
+
+// ServeListener is Serve on an open listener (tests use port 0).
+func ServeListener(ctx context.Context, l net.Listener, h http.Handler, logger *slog.Logger, drain time.Duration) error {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	logger.Info("http server listening", slog.String("addr", l.Addr().String()))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("http server shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,93 @@
+// Package cli describes orderpipe's subcommands so that main.go can list,
+// document and dispatch them, and each part keeps its own flags.
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"orderpipe/shared/config"
+)
+
+// Command is one `orderpipe <name>` subcommand.
+type Command struct {
+	// Name is the word after `orderpipe`.
+	Name string
+	// Summary is one line for `orderpipe help`.
+	Summary string
+	// Usage is the argument synopsis, e.g. "[--once] [--dry-run]".
+	Usage string
+	// Env lists the environment variables the command reads.
+	Env []string
+	// Flags declares the command's flags on fs and returns the function
+	// that runs it with the remaining arguments. Nil when it takes none.
+	Run func(ctx context.Context, inv Invocation) error
+	// Setup declares flags before parsing (optional).
+	Setup func(fs *flag.FlagSet)
+}
+
+// Invocation is what a command runs with.
+type Invocation struct {
+	Args   []string
+	Flags  *flag.FlagSet
+	Stdout io.Writer
+	Stderr io.Writer
+	Config config.Config
+}
+
+// PrintEnv writes the documented variables among names.
+func PrintEnv(w io.Writer, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nEnvironment:")
+	vars := map[string]config.Var{}
+	for _, v := range config.Vars() {
+		vars[v.Name] = v
+	}
+	for _, n := range names {
+		v, ok := vars[n]
+		if !ok {
+			v = config.Var{Name: n}
+		}
+		def := ""
+		if v.Default != "" {
+			def = " (default: " + v.Default + ")"
+		}
+		fmt.Fprintf(w, "  %-34s %s%s\n", n, v.Meaning, def)
+	}
+}
+
+// UsageError is returned for a bad command line; main prints the usage.
+type UsageError struct{ Msg string }
+
+func (e UsageError) Error() string { return e.Msg }
+
+// Usagef returns a UsageError.
+func Usagef(format string, args ...any) error {
+	return UsageError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// Common lists the variables every process reads.
+var Common = []string{config.EnvDatabaseURL, config.EnvNATSURL, config.EnvLogFormat, config.EnvLogLevel}
+
+// Join returns names and more as one list without repeats.
+func Join(names []string, more ...string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range append(append([]string{}, names...), more...) {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Indent indents every line of s by two spaces.
+func Indent(s string) string {
+	return "  " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n  ")
+}

@@ -1,0 +1,135 @@
+package devenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"orderpipe/shared/app"
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+)
+
+// Part is one long-running part of the pipeline as `dev` runs it.
+type Part struct {
+	// Name for logs.
+	Name string
+	// Seed runs once on a database new to dev (optional).
+	Seed Seeder
+	// Start starts the part and returns once it is serving; wait blocks
+	// until the part has stopped after ctx ended. A part may fill in
+	// env.Config (the payment stand-in sets PSPURL) for the parts after it.
+	Start func(ctx context.Context, env *app.Env) (wait func() error, err error)
+}
+
+// Command is `orderpipe dev`.
+func Command(parts []Part) cli.Command {
+	return cli.Command{
+		Name:    "dev",
+		Summary: "run the whole pipeline in one process: managed PostgreSQL, embedded NATS, every part; writes $ORDERPIPE_DATA_DIR/dev.env",
+		Usage:   "",
+		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, config.EnvDataDir,
+			config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout),
+		Run: func(ctx context.Context, inv cli.Invocation) error {
+			if len(inv.Args) > 0 {
+				return cli.Usagef("dev takes no arguments")
+			}
+			cfg := inv.Config
+			if _, set := os.LookupEnv(config.EnvLogFormat); !set {
+				cfg.LogFormat = "text"
+			}
+			if _, set := os.LookupEnv(config.EnvAllowPrivateCallbacks); !set {
+				cfg.AllowPrivateCallbacks = true
+			}
+			return Run(ctx, cfg, app.NewLogger(cfg, inv.Stderr), parts, inv.Stdout)
+		},
+	}
+}
+
+// Run starts the stack and the parts, prints how to reach them, and runs
+// until ctx ends; then it stops the parts and the stack, in that order.
+func Run(ctx context.Context, cfg config.Config, logger *slog.Logger, parts []Part, out interface{ Write([]byte) (int, error) }) (err error) {
+	var seeders []Seeder
+	for _, p := range parts {
+		if p.Seed != nil {
+			seeders = append(seeders, p.Seed)
+		}
+	}
+	t0 := time.Now()
+	stack, err := Start(ctx, cfg, logger, seeders...)
+	if err != nil {
+		return err
+	}
+	defer stack.Stop()
+	env, err := app.Open(ctx, stack.Config, logger, "dev")
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		waits []func() error
+		names []string
+	)
+	stopAll := func() error {
+		cancel()
+		var errs []error
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i, w := range waits {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := w(); err != nil && !errors.Is(err, context.Canceled) {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("%s: %w", names[i], err))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	for _, p := range parts {
+		w, err := p.Start(pctx, env)
+		if err != nil {
+			return errors.Join(fmt.Errorf("start %s: %w", p.Name, err), stopAll())
+		}
+		waits = append(waits, w)
+		names = append(names, p.Name)
+	}
+	stack.Config = env.Config
+	if err := os.WriteFile(stack.EnvFile, []byte(stack.EnvText()), 0o600); err != nil {
+		return errors.Join(err, stopAll())
+	}
+	fmt.Fprintf(out, "orderpipe dev is up (%s). Its settings are in %s:\n\n%s\n", time.Since(t0).Round(time.Millisecond), stack.EnvFile, cli.Indent(stack.EnvText()))
+	fmt.Fprintf(out, "\nSend an order:\n\n%s\n\nStop with Ctrl-C.\n", cli.Indent(CurlExample(stack.BaseURL(), stack.Credentials.APIKey)))
+
+	<-ctx.Done()
+	logger.Info("shutting down", slog.Duration("drain", env.Config.ShutdownTimeout))
+	done := make(chan error, 1)
+	go func() { done <- stopAll() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(env.Config.ShutdownTimeout + 5*time.Second):
+		return errors.New("parts did not stop within the shutdown timeout")
+	}
+}
+
+// CurlExample is a ready-to-paste command that sends an order.
+func CurlExample(baseURL, apiKey string) string {
+	return strings.Join([]string{
+		"curl -sS -i -X POST " + baseURL + "/v1/orders \\",
+		"  -H 'Authorization: Bearer " + apiKey + "' \\",
+		"  -H 'Content-Type: application/json' \\",
+		`  -d '{"request_id":"ORD'$(date -u +%Y%m%d%H%M%S)'demo","user_id":42,"items":[{"sku":"SKU-1","quantity":2}],"amount":"39.98","currency":"CNY"}'`,
+	}, "\n")
+}

@@ -1,0 +1,54 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+)
+
+// MigrateCommand is `orderpipe migrate up|down|status|reset`.
+func MigrateCommand() cli.Command {
+	return cli.Command{
+		Name:    "migrate",
+		Summary: "apply (up), roll back one (down), roll back all (reset) or list (status) the schema migrations",
+		Usage:   "up|down|reset|status",
+		Env:     []string{config.EnvDatabaseURL},
+		Run: func(ctx context.Context, inv cli.Invocation) error {
+			if len(inv.Args) != 1 {
+				return cli.Usagef("want exactly one of up, down, reset, status")
+			}
+			if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
+				return err
+			}
+			pool, err := Open(ctx, inv.Config.DatabaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			m, err := NewMigrator(pool)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			switch inv.Args[0] {
+			case "up":
+				err = m.Up(ctx)
+			case "down":
+				err = m.Down(ctx)
+			case "reset":
+				err = m.Reset(ctx)
+			case "status":
+				return m.Status(ctx, inv.Stdout)
+			default:
+				return cli.Usagef("unknown migrate action %q (want up, down, reset or status)", inv.Args[0])
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(inv.Stdout, "migrate %s: done\n", inv.Args[0])
+			return m.Status(ctx, inv.Stdout)
+		},
+	}
+}
