@@ -19,7 +19,6 @@ import (
 	"orderpipe/shared/outbox"
 )
 
-
 // Record writes the history row and the outbox event for an order that has
 // just entered status (its row already says so) and returns the outbox row
 // id, for the caller to publish right after its commit. The intake calls it
