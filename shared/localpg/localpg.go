@@ -247,7 +247,7 @@ func (s *Server) start(ctx context.Context) error {
 		}
 		if time.Now().After(deadline) {
 			_ = s.Stop()
-			return fmt.Errorf("postgres did not accept connections within 60s (%v); server log:\n%s", err, s.Log())
+			return fmt.Errorf("postgres did not accept connections within 60s (%w); server log:\n%s", err, s.Log())
 		}
 	}
 }
@@ -266,6 +266,17 @@ func (s *Server) removeStalePid() {
 		return // alive: postgres itself will refuse with a clear message
 	}
 	_ = os.Remove(pidFile)
+}
+
+// Pid is the process id of the postmaster (0 before it started). Its
+// process group has the same id: every backend belongs to it.
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
 }
 
 // Port is the TCP port the server listens on (127.0.0.1).

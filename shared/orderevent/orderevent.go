@@ -128,7 +128,7 @@ func Encode(e Event) ([]byte, error) {
 func Decode(b []byte) (Event, error) {
 	var e Event
 	if err := json.Unmarshal(b, &e); err != nil {
-		return Event{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+		return Event{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	if err := e.validate(); err != nil {
 		return Event{}, err
