@@ -1,0 +1,171 @@
+package localpg_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"orderpipe/shared/localpg"
+	"orderpipe/shared/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// dataDir returns a folder for a cluster that the postgres account can
+// reach when the tests run as root (t.TempDir's parent is 0700).
+func dataDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "orderpipe-localpg-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "data")
+}
+
+func start(t *testing.T, opts localpg.Options) *localpg.Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := localpg.Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("stop PostgreSQL: %v", err)
+		}
+	})
+	return s
+}
+
+// groupGone reports whether no process of the process group pgid is left.
+func groupGone(pgid int) bool {
+	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
+}
+
+func query(t *testing.T, url, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func TestStartFailureShowsServerLog(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := localpg.Start(ctx, localpg.Options{DataDir: dataDir(t), ExtraArgs: []string{"-c", "shared_buffers=bogus"}})
+	if err == nil {
+		_ = s.Stop()
+		t.Fatal("PostgreSQL started with shared_buffers=bogus")
+	}
+	msg := err.Error()
+	// The reason is only in the server's own log: the error must carry it.
+	if !strings.Contains(msg, "server log") || !strings.Contains(msg, `"shared_buffers"`) || !strings.Contains(msg, "bogus") {
+		t.Fatalf("start error does not show the server log's reason:\n%s", msg)
+	}
+}
+
+func TestStalePidFileOfKilledServerDoesNotBlockStart(t *testing.T) {
+	t.Parallel()
+	dir := dataDir(t)
+	// Durable, as `dev` runs it: a committed row survives the crash.
+	first := start(t, localpg.Options{DataDir: dir, Durable: true})
+	query(t, first.URL("postgres"), "CREATE TABLE survivor (v int); INSERT INTO survivor VALUES (7)")
+	pid := first.Pid()
+	if pid <= 0 {
+		t.Fatalf("Pid() = %d on a running server", pid)
+	}
+
+	// A crash: the postmaster dies without removing postmaster.pid.
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill postmaster %d: %v", pid, err)
+	}
+	select {
+	case <-first.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("postmaster did not exit after SIGKILL")
+	}
+	// Its backends notice the postmaster's death and exit by themselves.
+	testenv.WaitFor(t, 30*time.Second, "the killed server's backends to exit", func() bool { return groupGone(pid) })
+	if _, err := os.Stat(filepath.Join(dir, "postmaster.pid")); err != nil {
+		t.Fatalf("expected the killed server's postmaster.pid to be left behind: %v", err)
+	}
+
+	second := start(t, localpg.Options{DataDir: dir, Durable: true})
+	if second.Pid() == pid {
+		t.Fatalf("second server reports the killed server's pid %d", pid)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, second.URL("postgres"))
+	if err != nil {
+		t.Fatalf("connect to the restarted server: %v", err)
+	}
+	defer conn.Close(ctx)
+	var v int
+	if err := conn.QueryRow(ctx, "SELECT v FROM survivor").Scan(&v); err != nil || v != 7 {
+		t.Fatalf("data written before the crash: v=%d err=%v", v, err)
+	}
+}
+
+func TestStopEndsEveryServerProcess(t *testing.T) {
+	t.Parallel()
+	s := start(t, localpg.Options{DataDir: dataDir(t)})
+	pid := s.Pid()
+	query(t, s.URL("postgres"), "SELECT 1")
+	if groupGone(pid) {
+		t.Fatalf("no process in group %d while the server runs", pid)
+	}
+	if err := s.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if !groupGone(pid) {
+		t.Fatalf("processes of the server's group %d remain after Stop", pid)
+	}
+	if err := s.Stop(); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+}
+
+func TestRestartKeepsPortAndData(t *testing.T) {
+	t.Parallel()
+	s := start(t, localpg.Options{DataDir: dataDir(t)})
+	port := s.Port()
+	query(t, s.URL("postgres"), "CREATE TABLE kept (v int); INSERT INTO kept VALUES (1)")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.Restart(ctx); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if s.Port() != port {
+		t.Fatalf("port changed across restart: %d → %d", port, s.Port())
+	}
+	query(t, s.URL("postgres"), "INSERT INTO kept SELECT v + 1 FROM kept")
+}
+
+func TestBinDirFromEnvironment(t *testing.T) {
+	t.Setenv("PG_BIN_DIR", "/nonexistent/bin")
+	d, err := localpg.BinDir()
+	if err != nil || d != "/nonexistent/bin" {
+		t.Fatalf("BinDir() = %q, %v; want PG_BIN_DIR", d, err)
+	}
+}
