@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"orderpipe/shared/config"
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/postgres"
@@ -74,10 +75,12 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, name stri
 	return env, nil
 }
 
-// NewRegistry returns a registry with the Go and process collectors.
+// NewRegistry returns a registry with the Go and process collectors and
+// every orderpipe metric (shared/metrics).
 func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.MustRegister(metrics.Collectors()...)
 	return r
 }
 
