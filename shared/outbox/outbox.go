@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/shared/failpoint"
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/orderevent"
 )
 
@@ -131,7 +132,7 @@ type row struct {
 // are skipped.
 func (r *Relay) PublishPending(ctx context.Context, minAge time.Duration) (int, error) {
 	r.defaults()
-	return r.publishWhere(ctx, `published_at IS NULL AND created_at <= now() - make_interval(secs => $1) ORDER BY id LIMIT $2`, minAge.Seconds(), r.Batch)
+	return r.publishWhere(ctx, "relay", `published_at IS NULL AND created_at <= now() - make_interval(secs => $1) ORDER BY id LIMIT $2`, minAge.Seconds(), r.Batch)
 }
 
 // Publish publishes the given rows now if they are still pending (the
@@ -141,11 +142,11 @@ func (r *Relay) Publish(ctx context.Context, ids ...int64) error {
 		return nil
 	}
 	r.defaults()
-	_, err := r.publishWhere(ctx, `published_at IS NULL AND id = ANY($1) ORDER BY id`, ids)
+	_, err := r.publishWhere(ctx, "inline", `published_at IS NULL AND id = ANY($1) ORDER BY id`, ids)
 	return err
 }
 
-func (r *Relay) publishWhere(ctx context.Context, where string, args ...any) (int, error) {
+func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...any) (int, error) {
 	published := 0
 	var pubErr error
 	err := pgx.BeginFunc(ctx, r.Pool, func(tx pgx.Tx) error {
@@ -188,6 +189,7 @@ func (r *Relay) publishWhere(ctx context.Context, where string, args ...any) (in
 	if err != nil {
 		return 0, err
 	}
+	metrics.OutboxPublished.WithLabelValues(path).Add(float64(published))
 	return published, pubErr
 }
 
