@@ -19,6 +19,11 @@ func MigrateCommand() cli.Command {
 			if len(inv.Args) != 1 {
 				return cli.Usagef("want exactly one of up, down, reset, status")
 			}
+			switch inv.Args[0] {
+			case "up", "down", "reset", "status":
+			default: // a bad command line is told before any connection is tried
+				return cli.Usagef("unknown migrate action %q (want up, down, reset or status)", inv.Args[0])
+			}
 			if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
 				return err
 			}
