@@ -7,14 +7,14 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint-$(GOLANGCI_LINT_VER
 FUZZTIME ?= 10s
 FUZZ_TARGETS := $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: run test build postgres-binaries check-fmt vet lint unit fuzz clean
+.PHONY: run test build postgres-binaries promtool alert-rules check-fmt vet lint unit fuzz clean
 
 ## run: install what is missing, then start the whole pipeline locally (orderpipe dev)
 run: postgres-binaries build
 	./bin/orderpipe dev
 
 ## test: gofmt, go vet, the pinned linter, the whole suite with -race (real servers), short fuzzing
-test: postgres-binaries check-fmt vet lint unit fuzz
+test: postgres-binaries check-fmt vet lint alert-rules unit fuzz
 
 build:
 	$(GO) build -o bin/orderpipe .
@@ -26,6 +26,18 @@ postgres-binaries:
 	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else \
 	  echo "Please install them first: sudo apt-get install -y postgresql" >&2; exit 1; fi; \
 	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q postgresql
+
+# promtool comes from Debian's prometheus package.
+promtool:
+	@if command -v promtool >/dev/null 2>&1; then exit 0; fi; \
+	echo "promtool is missing; installing Debian's prometheus package"; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else \
+	  echo "Please install it first: sudo apt-get install -y --no-install-recommends prometheus" >&2; exit 1; fi; \
+	$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends prometheus
+
+alert-rules: promtool
+	promtool check rules deploy/prometheus/alerts.yml
+	promtool test rules deploy/prometheus/alerts_test.yml
 
 check-fmt:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
