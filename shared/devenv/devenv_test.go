@@ -1,0 +1,327 @@
+package devenv
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"orderpipe/shared/config"
+	"orderpipe/shared/postgres"
+	"orderpipe/shared/tenant"
+	"orderpipe/shared/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// dataDir is a fresh ORDERPIPE_DATA_DIR that the postgres account can reach
+// when the tests run as root (t.TempDir's parent is 0700).
+func dataDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "orderpipe-devenv-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "data")
+}
+
+func devConfig(t *testing.T, dir string) config.Config {
+	t.Helper()
+	cfg, err := config.FromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The managed servers, whatever the test process's environment says.
+	cfg.DatabaseURL, cfg.NATSURL, cfg.PSPURL = "", "", ""
+	cfg.DataDir = dir
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.ShutdownTimeout = 5 * time.Second
+	return cfg
+}
+
+func startStack(t *testing.T, cfg config.Config, seeders ...Seeder) (*Stack, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	s, err := Start(ctx, cfg, testenv.Logger(t), seeders...)
+	if err != nil {
+		t.Fatalf("start dev stack: %v", err)
+	}
+	took := time.Since(t0)
+	t.Cleanup(s.Stop)
+	return s, took
+}
+
+// processGone reports whether neither the process nor its group (every
+// postgres backend) is left.
+func processGone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) && errors.Is(syscall.Kill(-pid, 0), syscall.ESRCH)
+}
+
+func readEnvFile(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("dev.env: %v", err)
+	}
+	defer f.Close()
+	out := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), "=")
+		if !ok {
+			t.Fatalf("dev.env line without '=': %q", sc.Text())
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func TestStartStopStartKeepsData(t *testing.T) {
+	dir := dataDir(t)
+	cfg := devConfig(t, dir)
+	var seeded atomic.Int32
+	seed := func(ctx context.Context, pool *pgxpool.Pool) error {
+		seeded.Add(1)
+		_, err := pool.Exec(ctx, "CREATE TABLE devenv_seeded (note text); INSERT INTO devenv_seeded VALUES ('first start')")
+		return err
+	}
+
+	s, firstTook := startStack(t, cfg, seed)
+	pgPid := s.pg.Pid()
+	if pgPid <= 0 || processGone(pgPid) {
+		t.Fatalf("managed PostgreSQL is not running (pid %d)", pgPid)
+	}
+	if s.nats == nil {
+		t.Fatal("embedded NATS not started")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pg", "PG_VERSION")); err != nil {
+		t.Fatalf("PostgreSQL data not in $ORDERPIPE_DATA_DIR/pg: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "nats")); err != nil {
+		t.Fatalf("JetStream data not in $ORDERPIPE_DATA_DIR/nats: %v", err)
+	}
+
+	env := readEnvFile(t, filepath.Join(dir, "dev.env"))
+	for _, k := range []string{"DATABASE_URL", "NATS_URL", "HTTP_ADDR", "ORDERPIPE_API_KEY", "ORDERPIPE_WEBHOOK_SECRET"} {
+		if env[k] == "" {
+			t.Fatalf("dev.env lacks %s:\n%v", k, env)
+		}
+	}
+	if env["DATABASE_URL"] != s.Config.DatabaseURL || env["NATS_URL"] != s.Config.NATSURL || env["ORDERPIPE_API_KEY"] != s.Credentials.APIKey {
+		t.Fatalf("dev.env does not match the stack: %v vs %+v", env, s.Config)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "dev.env")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("dev.env holds an API key and must be 0600: %v %v", fi.Mode(), err)
+	}
+	if seeded.Load() != 1 {
+		t.Fatalf("seeder ran %d times on a new data dir, want 1", seeded.Load())
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := postgres.Open(ctx, env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenant.Authenticate(ctx, pool, env["ORDERPIPE_API_KEY"]); err != nil {
+		t.Fatalf("dev API key does not authenticate: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE devenv_kept (v text); INSERT INTO devenv_kept VALUES ('before stop')"); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	creds := s.Credentials
+
+	s.Stop()
+	testenv.WaitFor(t, 10*time.Second, "the managed PostgreSQL to be gone", func() bool { return processGone(pgPid) })
+	if _, err := os.Stat(filepath.Join(dir, "pg", "postmaster.pid")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("postmaster.pid left after a clean stop: %v", err)
+	}
+	s.Stop() // twice is harmless
+
+	s2, secondTook := startStack(t, cfg, seed)
+	t.Logf("first start %s (initdb), second start %s", firstTook, secondTook)
+	if secondTook > 20*time.Second {
+		t.Fatalf("a second start on the same data dir took %s", secondTook)
+	}
+	if s2.Credentials != creds {
+		t.Fatalf("dev client changed across restarts: %+v → %+v", creds, s2.Credentials)
+	}
+	if seeded.Load() != 1 {
+		t.Fatalf("seeder ran again on a known data dir (%d runs)", seeded.Load())
+	}
+	pool, err = postgres.Open(ctx, s2.Config.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := tenant.Authenticate(ctx, pool, creds.APIKey); err != nil {
+		t.Fatalf("the first start's API key no longer authenticates: %v", err)
+	}
+	var v string
+	if err := pool.QueryRow(ctx, "SELECT v FROM devenv_kept").Scan(&v); err != nil || v != "before stop" {
+		t.Fatalf("row written before stop: %q, %v", v, err)
+	}
+	var clients int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM api_clients WHERE name = 'dev'").Scan(&clients); err != nil || clients != 1 {
+		t.Fatalf("dev clients: %d (%v), want exactly 1", clients, err)
+	}
+	pool.Close()
+	pid2 := s2.pg.Pid()
+	s2.Stop()
+	if !processGone(pid2) {
+		t.Fatalf("postgres %d still running after Stop", pid2)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRunWithoutPartsStopsOnCancel(t *testing.T) {
+	dir := dataDir(t)
+	cfg := devConfig(t, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, testenv.Logger(t), nil, &out) }()
+
+	var pgPid int
+	testenv.WaitFor(t, 2*time.Minute, "dev to report it is up", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned before it was cancelled: %v\n%s", err, out.String())
+		default:
+		}
+		return strings.Contains(out.String(), "orderpipe dev is up")
+	})
+	text := out.String()
+	for _, want := range []string{"dev.env", "DATABASE_URL=", "ORDERPIPE_API_KEY=", "curl ", "/v1/orders", "Authorization: Bearer "} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("dev's greeting lacks %q:\n%s", want, text)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "pg", "postmaster.pid"))
+	if err != nil {
+		t.Fatalf("no postmaster.pid while dev runs: %v", err)
+	}
+	pgPid = atoiFirstLine(t, b)
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after cancel: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of its context ending")
+	}
+	if !processGone(pgPid) {
+		t.Fatalf("postgres %d still running after dev returned", pgPid)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pg", "postmaster.pid")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("postmaster.pid left after dev returned: %v", err)
+	}
+}
+
+func TestRunWithCancelledContextLeavesNothing(t *testing.T) {
+	dir := dataDir(t)
+	cfg := devConfig(t, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, testenv.Logger(t), []Part{}, &bytes.Buffer{}) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			return // nothing was started, nothing to stop
+		}
+		if !errors.Is(err, context.Canceled) && !strings.Contains(err.Error(), "context canceled") {
+			t.Logf("Run with a cancelled context: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run with a cancelled context did not return")
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "pg", "postmaster.pid")); err == nil {
+		pid := atoiFirstLine(t, b)
+		if !processGone(pid) {
+			t.Fatalf("postgres %d left running by a cancelled dev", pid)
+		}
+	}
+}
+
+func TestEnvTextAndBaseURL(t *testing.T) {
+	t.Parallel()
+	s := &Stack{Config: config.Config{DatabaseURL: "postgres://db", NATSURL: "nats://n", HTTPAddr: ":8080"},
+		Credentials: tenant.Credentials{APIKey: "key", WebhookSecret: "whsec_x"}}
+	want := "DATABASE_URL=postgres://db\nNATS_URL=nats://n\nHTTP_ADDR=:8080\nORDERPIPE_API_KEY=key\nORDERPIPE_WEBHOOK_SECRET=whsec_x\n"
+	if got := s.EnvText(); got != want {
+		t.Fatalf("EnvText:\n%s\nwant:\n%s", got, want)
+	}
+	s.Config.PSPURL = "http://psp"
+	if got := s.EnvText(); !strings.HasSuffix(got, "PSP_URL=http://psp\n") {
+		t.Fatalf("EnvText with PSP_URL:\n%s", got)
+	}
+	for addr, want := range map[string]string{
+		":8080":          "http://localhost:8080",
+		"0.0.0.0:9000":   "http://localhost:9000",
+		"[::]:9000":      "http://localhost:9000",
+		"127.0.0.1:8081": "http://127.0.0.1:8081",
+		"localhost":      "http://localhost",
+	} {
+		s.Config.HTTPAddr = addr
+		if got := s.BaseURL(); got != want {
+			t.Errorf("BaseURL(%q) = %q, want %q", addr, got, want)
+		}
+	}
+	curl := CurlExample("http://localhost:8080", "k123")
+	for _, want := range []string{"http://localhost:8080/v1/orders", "Bearer k123", `"request_id"`, `"amount":"39.98"`} {
+		if !strings.Contains(curl, want) {
+			t.Errorf("curl example lacks %q:\n%s", want, curl)
+		}
+	}
+}
+
+func atoiFirstLine(t *testing.T, b []byte) int {
+	t.Helper()
+	line, _, _ := strings.Cut(string(b), "\n")
+	var pid int
+	for _, c := range strings.TrimSpace(line) {
+		if c < '0' || c > '9' {
+			t.Fatalf("postmaster.pid's first line is not a pid: %q", line)
+		}
+		pid = pid*10 + int(c-'0')
+	}
+	return pid
+}
