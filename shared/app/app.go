@@ -26,6 +26,7 @@ import (
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/postgres"
+	"orderpipe/shared/tracing"
 )
 
 // Env is a process's connections and shared services.
@@ -39,17 +40,20 @@ type Env struct {
 	// Metrics is the process's registry; parts register their collectors
 	// on it and /metrics serves it.
 	Metrics *prometheus.Registry
+
+	stopTracing func(context.Context) error
 }
 
-// NewLogger returns the process logger: JSON or text per the config.
+// NewLogger returns the process logger: JSON or text per the config, with
+// trace_id and span_id on every line logged with a traced context.
 func NewLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
+		return slog.New(tracing.LogHandler(slog.NewTextHandler(w, opts)))
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	return slog.New(tracing.LogHandler(slog.NewJSONHandler(w, opts)))
 }
 
 // Open connects to PostgreSQL and NATS (DATABASE_URL and NATS_URL must be
@@ -68,6 +72,10 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, name stri
 		return nil, err
 	}
 	env := &Env{Config: cfg, Logger: logger, Pool: pool, NC: nc, JS: js, Topology: orderevent.DefaultTopology, Metrics: NewRegistry()}
+	if env.stopTracing, err = tracing.Setup(ctx, "orderpipe-"+name); err != nil {
+		env.Close()
+		return nil, fmt.Errorf("set up tracing: %w", err)
+	}
 	if _, err := natsjs.EnsureStream(ctx, js, env.Topology, cfg.StreamReplicas); err != nil {
 		env.Close()
 		return nil, err
@@ -84,8 +92,13 @@ func NewRegistry() *prometheus.Registry {
 	return r
 }
 
-// Close drains the NATS connection and closes the pool.
+// Close drains the NATS connection, closes the pool and flushes traces.
 func (e *Env) Close() {
+	if e.stopTracing != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = e.stopTracing(ctx)
+		cancel()
+	}
 	if e.NC != nil {
 		_ = e.NC.Drain()
 		e.NC.Close()

@@ -24,6 +24,7 @@ import (
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/orderevent"
+	"orderpipe/shared/tracing"
 )
 
 // Failpoint names in this package.
@@ -46,7 +47,9 @@ func Enqueue(ctx context.Context, tx Execer, e orderevent.Event) (int64, error) 
 	if err != nil {
 		return 0, fmt.Errorf("encode %s event of order %s: %w", e.Name, e.OrderID, err)
 	}
-	headers, err := json.Marshal(e.Headers())
+	h := e.Headers()
+	tracing.Inject(ctx, h) // the change's trace continues in every handler
+	headers, err := json.Marshal(h)
 	if err != nil {
 		return 0, err
 	}

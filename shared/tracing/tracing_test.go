@@ -1,0 +1,50 @@
+package tracing
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+func TestContextSurvivesTheCarrier(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	Install(tp)
+	ctx, span := Tracer().Start(context.Background(), "intake")
+	md := map[string]string{}
+	Inject(ctx, md)
+	span.End()
+	if md[Header] == "" {
+		t.Fatalf("no %s in %v", Header, md)
+	}
+	rctx := Extract(context.Background(), md)
+	_, child := Tracer().Start(rctx, "handler")
+	child.End()
+	spans := exp.GetSpans()
+	if len(spans) != 2 || spans[0].SpanContext.TraceID() != spans[1].SpanContext.TraceID() {
+		t.Fatalf("spans do not share a trace: %v", spans)
+	}
+	if TraceID(rctx) != spans[0].SpanContext.TraceID().String() {
+		t.Fatal("TraceID of the extracted context differs")
+	}
+	var buf bytes.Buffer
+	slog.New(LogHandler(slog.NewJSONHandler(&buf, nil))).InfoContext(ctx, "x")
+	if !strings.Contains(buf.String(), `"trace_id":"`+TraceID(ctx)+`"`) {
+		t.Fatalf("log line lacks trace_id: %s", buf.String())
+	}
+}
+
+func TestExtractMalformed(t *testing.T) {
+	for _, v := range []string{"", "garbage", "00-zz-yy-01", "00-00000000000000000000000000000000-0000000000000000-01"} {
+		ctx := Extract(context.Background(), map[string]string{Header: v})
+		if TraceID(ctx) != "" {
+			t.Errorf("traceparent %q gave a trace id", v)
+		}
+	}
+}
