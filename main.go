@@ -15,10 +15,12 @@ import (
 	"os/signal"
 	"syscall"
 
+	"orderpipe/producer"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/devenv"
 	"orderpipe/shared/postgres"
+	"orderpipe/shared/tenant"
 )
 
 // commands lists every subcommand, in the order `help` shows them.
@@ -26,13 +28,17 @@ func commands() []cli.Command {
 	return []cli.Command{
 		devenv.Command(devParts()),
 		postgres.MigrateCommand(),
+		producer.Command(),
+		tenant.Command(),
 	}
 }
 
 // devParts are the long-running parts that `orderpipe dev` runs in one
 // process, in start order.
 func devParts() []devenv.Part {
-	return []devenv.Part{}
+	return []devenv.Part{
+		producer.DevPart(),
+	}
 }
 
 func main() {

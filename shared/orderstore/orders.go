@@ -71,6 +71,9 @@ type Inserted struct {
 	// OrderNoCollisions counts the order numbers that collided and were
 	// replaced; the caller counts them in a metric.
 	OrderNoCollisions int
+	// RequestIDConflict is true when a concurrent insert of the same key
+	// won the race and this one was answered from its row.
+	RequestIDConflict bool
 }
 
 const orderColumns = `order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount::text, currency,
@@ -135,7 +138,7 @@ func Insert(ctx context.Context, pool *pgxpool.Pool, clientID uuid.UUID, req ord
 				return Inserted{}, fmt.Errorf("read order of request %s after a duplicate insert: %w", req.RequestID, gerr)
 			}
 			r, err := replay(existing, fp)
-			r.OrderNoCollisions = res.OrderNoCollisions
+			r.OrderNoCollisions, r.RequestIDConflict = res.OrderNoCollisions, true
 			return r, err
 		case postgres.IsUniqueViolation(err, ConstraintOrderNo) && attempt < opts.MaxOrderNoAttempts:
 			res.OrderNoCollisions++

@@ -1,0 +1,92 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"orderpipe/shared/app"
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+	"orderpipe/shared/devenv"
+	"orderpipe/shared/outbox"
+)
+
+// Command is `orderpipe producer`: the intake API on HTTP_ADDR, with an
+// outbox relay that publishes whatever the inline publish left behind.
+func Command() cli.Command {
+	return cli.Command{
+		Name:    "producer",
+		Summary: "serve the intake API (POST /v1/orders …) on HTTP_ADDR and relay the outbox to NATS",
+		Usage:   "",
+		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout,
+			EnvTimeout, EnvRateLimit, EnvRateBurst, EnvMaxInFlight),
+		Run: func(ctx context.Context, inv cli.Invocation) error {
+			if len(inv.Args) > 0 {
+				return cli.Usagef("producer takes no arguments")
+			}
+			opts, err := OptionsFromEnv()
+			if err != nil {
+				return fmt.Errorf("bad environment: %w", err)
+			}
+			logger := app.NewLogger(inv.Config, inv.Stderr)
+			env, err := app.Open(ctx, inv.Config, logger, "producer")
+			if err != nil {
+				return err
+			}
+			defer env.Close()
+			l, err := net.Listen("tcp", inv.Config.HTTPAddr)
+			if err != nil {
+				return fmt.Errorf("listen on %s: %w", inv.Config.HTTPAddr, err)
+			}
+			return Run(ctx, env, l, opts)
+		},
+	}
+}
+
+// Run serves the intake on l and runs the outbox relay until ctx ends, then
+// drains in-flight requests within the shutdown timeout and stops the
+// relay.
+func Run(ctx context.Context, env *app.Env, l net.Listener, opts Options) error {
+	relay := &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger}
+	rctx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = relay.Run(rctx)
+	}()
+	err := app.ServeListener(ctx, l, Handler(env, opts), env.Logger, env.Config.ShutdownTimeout)
+	stopRelay()
+	wg.Wait()
+	env.Logger.Info("producer stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// DevPart is the intake as `orderpipe dev` runs it: the same handler and
+// relay on env.Config.HTTPAddr.
+func DevPart() devenv.Part {
+	return devenv.Part{
+		Name: "producer",
+		Start: func(ctx context.Context, env *app.Env) (func() error, error) {
+			opts, err := OptionsFromEnv()
+			if err != nil {
+				return nil, err
+			}
+			l, err := net.Listen("tcp", env.Config.HTTPAddr)
+			if err != nil {
+				return nil, fmt.Errorf("listen on %s: %w", env.Config.HTTPAddr, err)
+			}
+			env.Logger.Info("intake listening", slog.String("addr", l.Addr().String()))
+			done := make(chan error, 1)
+			go func() { done <- Run(ctx, env, l, opts) }()
+			return func() error { return <-done }, nil
+		},
+	}
+}

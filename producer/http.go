@@ -1,0 +1,362 @@
+package producer
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/time/rate"
+
+	"orderpipe/shared/app"
+	"orderpipe/shared/metrics"
+	"orderpipe/shared/order"
+	"orderpipe/shared/problem"
+	"orderpipe/shared/tenant"
+)
+
+// MaxBodyBytes is the largest create-order body accepted (64 KiB).
+const MaxBodyBytes = 64 << 10
+
+// Header names of the contract.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderReplayed       = "Idempotent-Replayed"
+)
+
+//go:embed openapi.json
+var openAPI []byte
+
+// OpenAPI returns the OpenAPI 3.1 document of the intake API.
+func OpenAPI() []byte { return append([]byte(nil), openAPI...) }
+
+// route is one operation of the API; the OpenAPI test checks the document
+// against this table.
+type route struct {
+	method, pattern string
+	// statuses the operation answers with; guarded operations add
+	// guardedStatuses (authentication, rate limit, in-flight bound,
+	// unavailable database).
+	statuses []int
+	guarded  bool
+}
+
+var guardedStatuses = []int{401, 429, 500, 503}
+
+// routes lists the intake's own operations.
+var routes = []route{
+	{"POST", "/v1/orders", []int{200, 202, 400, 413, 415, 422}, true},
+	{"GET", "/v1/orders", []int{200, 400, 404}, true},
+	{"GET", "/v1/orders/{order_id}", []int{200, 404}, true},
+	{"GET", "/openapi.json", []int{200}, false},
+}
+
+type clientKey struct{}
+
+// ClientFrom returns the authenticated client of a request handled inside
+// the auth middleware.
+func ClientFrom(ctx context.Context) (tenant.Client, bool) {
+	c, ok := ctx.Value(clientKey{}).(tenant.Client)
+	return c, ok
+}
+
+// API is the intake's HTTP layer.
+type API struct {
+	svc      *Service
+	env      *app.Env
+	inflight chan struct{}
+
+	mu       sync.Mutex
+	limiters map[uuid.UUID]*rate.Limiter
+}
+
+// Handler returns the intake's HTTP handler: the order routes, the OpenAPI
+// document, /healthz, /readyz, /metrics and whatever opts.Extra adds.
+func Handler(env *app.Env, opts Options) http.Handler {
+	h, _ := NewAPI(env, opts)
+	return h
+}
+
+// NewAPI returns the handler and the API (whose Service the MCP endpoint
+// may share).
+func NewAPI(env *app.Env, opts Options) (http.Handler, *API) {
+	svc := NewService(env, opts)
+	a := &API{svc: svc, env: env, inflight: make(chan struct{}, svc.opts.MaxInFlight), limiters: map[uuid.UUID]*rate.Limiter{}}
+	mux := http.NewServeMux()
+	guarded := func(h http.HandlerFunc) http.Handler { return a.bound(a.Authenticate(h)) }
+	mux.Handle("POST /v1/orders", guarded(a.create))
+	mux.Handle("GET /v1/orders", guarded(a.getByRequestID))
+	mux.Handle("GET /v1/orders/{order_id}", guarded(a.get))
+	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(openAPI)
+	})
+	env.Mount(mux)
+	if svc.opts.Extra != nil {
+		svc.opts.Extra(mux, a.Authenticate)
+	}
+	return problemsForMux(mux), a
+}
+
+// Service returns the create and read logic behind the API.
+func (a *API) Service() *Service { return a.svc }
+
+// problemsForMux answers the mux's own 404 and 405 (unknown path, wrong
+// method) with problem documents, keeping the mux's Allow header.
+func problemsForMux(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rec := &statusOnly{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		switch rec.code {
+		case http.StatusMethodNotAllowed:
+			p := problem.Newf(problem.MethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path)
+			p.Allow = rec.header.Get("Allow")
+			problem.Write(w, p)
+		case http.StatusNotFound:
+			problem.Write(w, problem.Newf(problem.NotFound, "no such path: %s", r.URL.Path))
+		default: // a redirect (path cleaning): pass it on
+			for k, v := range rec.header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.code)
+		}
+	})
+}
+
+// statusOnly records the status and headers of the mux's error handlers and
+// drops their text body.
+type statusOnly struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusOnly) Header() http.Header { return s.header }
+func (s *statusOnly) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+}
+func (s *statusOnly) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return len(b), nil
+}
+
+// bound refuses a request at once (503, code 103) when MaxInFlight are
+// being handled.
+func (a *API) bound(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case a.inflight <- struct{}{}:
+			defer func() { <-a.inflight }()
+			next.ServeHTTP(w, r)
+		default:
+			problem.Write(w, problem.New(problem.Overloaded, "the intake is at its bound of requests in flight"))
+		}
+	})
+}
+
+// Authenticate checks the bearer API key (401, code 202) and the client's
+// rate (429, code 102), then calls next with the client in the context
+// (ClientFrom). A database failure during the check is 503, code 101.
+func (a *API) Authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, ok := bearer(r.Header.Get("Authorization"))
+		if !ok {
+			a.unauthenticated(w, r, "send Authorization: Bearer <api key>")
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), a.svc.opts.Timeout)
+		c, err := tenant.Authenticate(ctx, a.env.Pool, key)
+		cancel()
+		if errors.Is(err, tenant.ErrUnauthenticated) {
+			a.unauthenticated(w, r, "unknown API key")
+			return
+		}
+		if err != nil {
+			a.env.Logger.Warn("authenticate", slog.Any("error", err))
+			a.writeError(w, r, err)
+			return
+		}
+		if wait, ok := a.allow(c.ID); !ok {
+			if r.Method == http.MethodPost {
+				metrics.IntakeRequests.WithLabelValues(metrics.OutcomeRateLimited).Inc()
+			}
+			p := problem.New(problem.RateLimited, "this client is over its request rate")
+			p.RetryAfter = wait
+			problem.Write(w, p)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey{}, c)))
+	})
+}
+
+func (a *API) unauthenticated(w http.ResponseWriter, r *http.Request, detail string) {
+	if r.Method == http.MethodPost {
+		metrics.IntakeRequests.WithLabelValues(metrics.OutcomeUnauthenticated).Inc()
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="orderpipe"`)
+	problem.Write(w, problem.New(problem.Unauthenticated, detail))
+}
+
+// bearer extracts the token of an "Authorization: Bearer <token>" header
+// (the scheme is case-insensitive).
+func bearer(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// allow takes a token from the client's bucket, or says how long until one
+// is there.
+func (a *API) allow(id uuid.UUID) (time.Duration, bool) {
+	a.mu.Lock()
+	lim, ok := a.limiters[id]
+	if !ok {
+		lim = rate.NewLimiter(rate.Limit(a.svc.opts.RateLimit), a.svc.opts.RateBurst)
+		a.limiters[id] = lim
+	}
+	a.mu.Unlock()
+	now := time.Now()
+	res := lim.ReserveN(now, 1)
+	if d := res.DelayFrom(now); d > 0 {
+		res.CancelAt(now)
+		return d, false
+	}
+	return 0, true
+}
+
+// writeError answers err as a problem; the errors that are the server's,
+// not the client's, are logged.
+func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	p := problem.From(err)
+	if p.Code.Retryable() {
+		a.env.Logger.Warn("request failed", slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.Int("code", int(p.Code)), slog.Any("error", err))
+	}
+	p.Instance = r.URL.Path
+	problem.Write(w, p)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// create is POST /v1/orders.
+func (a *API) create(w http.ResponseWriter, r *http.Request) {
+	c, _ := ClientFrom(r.Context())
+	invalid := func(err error) {
+		metrics.IntakeRequests.WithLabelValues(metrics.OutcomeRejectedInvalid).Inc()
+		a.writeError(w, r, err)
+	}
+	if err := checkJSON(r.Header.Get("Content-Type")); err != nil {
+		invalid(err)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			invalid(err)
+			return
+		}
+		invalid(&order.ValidationError{Fields: []order.FieldError{{Field: "body", Message: "could not be read: " + err.Error()}}})
+		return
+	}
+	opts := a.svc.DecodeOptions()
+	if vals, ok := r.Header[HeaderIdempotencyKey]; ok {
+		opts.HasIdempotencyKey = true
+		opts.IdempotencyKey = strings.Join(vals, ",")
+	}
+	req, err := order.DecodeCreateRequest(body, opts)
+	if err != nil {
+		invalid(err)
+		return
+	}
+	o, replayed, err := a.svc.Create(r.Context(), c.ID, req)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	if replayed {
+		w.Header().Set(HeaderReplayed, "true")
+		w.Header().Set("Content-Location", "/v1/orders/"+o.ID.String())
+		writeJSON(w, http.StatusOK, o)
+		return
+	}
+	w.Header().Set("Location", "/v1/orders/"+o.ID.String())
+	writeJSON(w, http.StatusAccepted, o)
+}
+
+// checkJSON accepts application/json (charset utf-8 if given); anything
+// else is 415.
+func checkJSON(ct string) error {
+	if ct == "" {
+		return problem.New(problem.UnsupportedMediaType, "Content-Type is missing; send application/json")
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return problem.Newf(problem.UnsupportedMediaType, "Content-Type %q is not application/json", ct)
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return problem.Newf(problem.UnsupportedMediaType, "charset %q is not utf-8", cs)
+	}
+	return nil
+}
+
+// get is GET /v1/orders/{order_id}.
+func (a *API) get(w http.ResponseWriter, r *http.Request) {
+	c, _ := ClientFrom(r.Context())
+	id, err := uuid.Parse(r.PathValue("order_id"))
+	if err != nil {
+		a.writeError(w, r, problem.New(problem.NotFound, "no such order (order ids are UUIDs)"))
+		return
+	}
+	o, err := a.svc.Get(r.Context(), c.ID, id)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+// getByRequestID is GET /v1/orders?request_id=X.
+func (a *API) getByRequestID(w http.ResponseWriter, r *http.Request) {
+	c, _ := ClientFrom(r.Context())
+	q := r.URL.Query()
+	rid := q.Get("request_id")
+	if err := order.ValidateRequestID(rid); err != nil || len(q["request_id"]) != 1 {
+		msg := "is required, once"
+		if err != nil && rid != "" {
+			msg = err.Error()
+		}
+		a.writeError(w, r, &order.ValidationError{Fields: []order.FieldError{{Field: "request_id", Message: msg}}})
+		return
+	}
+	o, err := a.svc.GetByRequestID(r.Context(), c.ID, rid)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}

@@ -1,0 +1,242 @@
+// Package producer is orderpipe's intake: the HTTP API that accepts orders
+// idempotently per (client, request_id), stores each one with its accepted
+// event in the transactional outbox, publishes the event right after the
+// commit, and answers 202 at once.
+//
+// Accepted means durable: the 202 (or the 200 of a replay) is sent only
+// after the order row and its outbox event are committed in PostgreSQL.
+// Publishing to NATS is a step after that: when NATS is down, or the
+// process dies between the commit and the publish, the event stays in the
+// outbox and the relay loop (Run starts one in every producer process)
+// publishes it later with the same Nats-Msg-Id, so the broker drops any
+// duplicate. NATS being down therefore never refuses an order; PostgreSQL
+// being down does (503, code 101, with Retry-After).
+//
+// The create-order logic is Service.Create, which the MCP tool calls
+// without HTTP; its errors map to codes through shared/problem.
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+
+	"orderpipe/shared/app"
+	"orderpipe/shared/config"
+	"orderpipe/shared/failpoint"
+	"orderpipe/shared/metrics"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
+)
+
+// FailAfterCommit fires after an order's transaction committed and before
+// its accepted event is published.
+const FailAfterCommit = "intake.after-commit"
+
+// Environment variables that only the intake reads.
+var (
+	EnvTimeout     = config.Register("ORDERPIPE_INTAKE_TIMEOUT", "the intake's deadline for its own work on one request (database and broker calls); clients' per-attempt timeouts must be longer", "5s")
+	EnvRateLimit   = config.Register("ORDERPIPE_RATE_LIMIT", "requests per second that one API client may send to the intake (token bucket rate)", "50")
+	EnvRateBurst   = config.Register("ORDERPIPE_RATE_BURST", "burst of one API client's token bucket", "100")
+	EnvMaxInFlight = config.Register("ORDERPIPE_MAX_IN_FLIGHT", "requests the intake handles at once; more get 503 (code 103) at once", "256")
+)
+
+// Defaults of Options.
+const (
+	DefaultTimeout              = 5 * time.Second
+	DefaultRateLimit            = 50
+	DefaultRateBurst            = 100
+	DefaultMaxInFlight          = 256
+	DefaultInlinePublishTimeout = time.Second
+)
+
+// Options configure the intake. The zero value of a field means its
+// default.
+type Options struct {
+	// Timeout is the server deadline: everything one request does
+	// (authentication, the order transaction, the inline publish) happens
+	// within it. Clients set their per-attempt timeout above it.
+	Timeout time.Duration
+	// RateLimit is the per-client rate in requests per second; RateBurst
+	// its bucket size.
+	RateLimit float64
+	RateBurst int
+	// MaxInFlight bounds the requests handled at once.
+	MaxInFlight int
+	// InlinePublishTimeout bounds the publish right after the commit; the
+	// relay catches up with whatever it could not publish.
+	InlinePublishTimeout time.Duration
+	// Relay publishes accepted events inline; default a relay on env.
+	Relay *outbox.Relay
+	// Extra adds routes to the intake's mux (the events stream, the MCP
+	// endpoint). auth wraps a handler with the intake's authentication
+	// and per-client rate limit; inside it, ClientFrom(r.Context())
+	// returns the caller. Extra routes are not counted against
+	// MaxInFlight (streams are long-lived), and get the intake's JSON
+	// problems for unknown paths and methods.
+	Extra func(mux *http.ServeMux, auth func(http.Handler) http.Handler)
+	// NewOrderNo replaces order.NewOrderNo (tests).
+	NewOrderNo func(time.Time) string
+}
+
+// OptionsFromEnv reads the intake's variables.
+func OptionsFromEnv() (Options, error) {
+	var o Options
+	var errs []error
+	var err error
+	if o.Timeout, err = config.Duration(EnvTimeout, DefaultTimeout); err != nil {
+		errs = append(errs, err)
+	}
+	rateInt, err := config.Int(EnvRateLimit, DefaultRateLimit, 1)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	o.RateLimit = float64(rateInt)
+	if o.RateBurst, err = config.Int(EnvRateBurst, DefaultRateBurst, 1); err != nil {
+		errs = append(errs, err)
+	}
+	if o.MaxInFlight, err = config.Int(EnvMaxInFlight, DefaultMaxInFlight, 1); err != nil {
+		errs = append(errs, err)
+	}
+	return o, errors.Join(errs...)
+}
+
+func (o *Options) defaults() {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.RateLimit <= 0 {
+		o.RateLimit = DefaultRateLimit
+	}
+	if o.RateBurst <= 0 {
+		o.RateBurst = DefaultRateBurst
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
+	if o.InlinePublishTimeout <= 0 {
+		o.InlinePublishTimeout = DefaultInlinePublishTimeout
+	}
+}
+
+// Service is the create and read logic of the intake, without HTTP.
+type Service struct {
+	env   *app.Env
+	opts  Options
+	relay *outbox.Relay
+}
+
+// NewService returns the intake service on env.
+func NewService(env *app.Env, opts Options) *Service {
+	opts.defaults()
+	relay := opts.Relay
+	if relay == nil {
+		relay = &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger,
+			PublishTimeout: opts.InlinePublishTimeout}
+	}
+	return &Service{env: env, opts: opts, relay: relay}
+}
+
+// DecodeOptions returns the request rules of this deployment, for a caller
+// that decodes a create request itself (the MCP tool).
+func (s *Service) DecodeOptions() order.DecodeOptions {
+	return order.DecodeOptions{AllowPrivateCallbacks: s.env.Config.AllowPrivateCallbacks}
+}
+
+// Timeout is the server deadline of one request.
+func (s *Service) Timeout() time.Duration { return s.opts.Timeout }
+
+// Create accepts an order for a client: it returns the new order (replayed
+// false) once it is committed with its accepted event, or the existing
+// order of the same (client, request_id) and payload (replayed true). A
+// different payload under the same request_id returns an error wrapping
+// order.ErrRequestIDReused; an unreachable database one that
+// problem.From maps to a class 1 code. The work is bounded by the server
+// deadline.
+func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (o orderstore.Order, replayed bool, err error) {
+	t0 := time.Now()
+	outcome := metrics.OutcomeUnavailable
+	defer func() {
+		metrics.IntakeRequests.WithLabelValues(outcome).Inc()
+		metrics.IntakeDuration.WithLabelValues(outcome).Observe(time.Since(t0).Seconds())
+	}()
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	res, err := orderstore.Insert(ctx, s.env.Pool, clientID, req, orderstore.InsertOptions{NewOrderNo: s.opts.NewOrderNo})
+	if res.OrderNoCollisions > 0 {
+		metrics.UniqueConflicts.WithLabelValues("order_no").Add(float64(res.OrderNoCollisions))
+		s.env.Logger.Warn("order number collided and was replaced", slog.Int("collisions", res.OrderNoCollisions),
+			slog.String("request_id", req.RequestID))
+	}
+	if res.RequestIDConflict {
+		metrics.UniqueConflicts.WithLabelValues("request_id").Inc()
+	}
+	if errors.Is(err, order.ErrRequestIDReused) {
+		outcome = metrics.OutcomeMismatch
+		return orderstore.Order{}, false, err
+	}
+	if err != nil {
+		return orderstore.Order{}, false, fmt.Errorf("create order for request %s: %w", req.RequestID, err)
+	}
+	log := s.env.Logger.With(slog.String("request_id", req.RequestID), slog.String("order_id", res.Order.ID.String()))
+	if res.Replayed {
+		outcome = metrics.OutcomeReplayed
+		log.Debug("order request replayed")
+		return res.Order, true, nil
+	}
+	outcome = metrics.OutcomeCreated
+	log.Info("order accepted", slog.String("order_no", res.Order.No))
+	if err := failpoint.Inject(FailAfterCommit); err != nil {
+		log.Warn("accepted event left to the relay", slog.Any("error", err))
+		return res.Order, false, nil
+	}
+	s.publish(ctx, log, res.OutboxID)
+	return res.Order, false, nil
+}
+
+// publish sends the accepted event right after the commit. A failure is
+// logged, not returned: the order is committed and the relay publishes the
+// event later.
+func (s *Service) publish(ctx context.Context, log *slog.Logger, outboxID int64) {
+	if s.env.NC != nil && s.env.NC.Status() != nats.CONNECTED {
+		log.Warn("NATS is not connected; accepted event left to the relay")
+		return
+	}
+	// Within what is left of the server deadline, but not cut short by a
+	// client that went away: the order is committed either way.
+	d := s.opts.InlinePublishTimeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		d = time.Until(dl)
+	}
+	if d <= 0 {
+		log.Warn("no time left for the inline publish; accepted event left to the relay")
+		return
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	if err := s.relay.Publish(pctx, outboxID); err != nil {
+		log.Warn("inline publish of the accepted event failed; left to the relay", slog.Any("error", err))
+	}
+}
+
+// Get returns a client's order by id (orderstore.ErrNotFound when it is
+// not the client's).
+func (s *Service) Get(ctx context.Context, clientID, orderID uuid.UUID) (orderstore.Order, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	return orderstore.Get(ctx, s.env.Pool, clientID, orderID)
+}
+
+// GetByRequestID returns a client's order by request_id.
+func (s *Service) GetByRequestID(ctx context.Context, clientID uuid.UUID, requestID string) (orderstore.Order, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	return orderstore.GetByRequestID(ctx, s.env.Pool, clientID, requestID)
+}
