@@ -1,0 +1,111 @@
+package psp
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"orderpipe/shared/app"
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+	"orderpipe/shared/devenv"
+	"orderpipe/shared/postgres"
+)
+
+// EnvTimeout is the per-attempt timeout of calls to the provider.
+var EnvTimeout = config.Register("ORDERPIPE_PSP_TIMEOUT", "per-attempt timeout of calls to the payment provider (a timeout is retried with the same Idempotency-Key)", "10s")
+
+// ClientFromEnv returns a client of cfg.PSPURL with ORDERPIPE_PSP_TIMEOUT.
+func ClientFromEnv(cfg config.Config) (*Client, error) {
+	if err := cfg.Require(config.EnvPSPURL); err != nil {
+		return nil, err
+	}
+	timeout, err := config.Duration(EnvTimeout, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return NewClient(cfg.PSPURL, timeout), nil
+}
+
+type flags struct {
+	addr string
+	opts Options
+}
+
+func (f *flags) setup(fs *flag.FlagSet) {
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:8090", "listen address")
+	fs.DurationVar(&f.opts.Latency, "latency", 50*time.Millisecond, "added to every charge and refund")
+	fs.Float64Var(&f.opts.DeclineRate, "decline-rate", 0, "share of new charges declined with 402 (0-1)")
+	fs.Float64Var(&f.opts.ErrorRate, "error-rate", 0, "share of new charges and refunds answered 500 without effect (0-1)")
+	fs.Float64Var(&f.opts.TimeoutRate, "timeout-rate", 0, `share of new charges that are charged and then not answered ("charge then time out", 0-1)`)
+	fs.DurationVar(&f.opts.Hang, "hang", 30*time.Second, `how long a "charge then time out" holds the connection before dropping it`)
+	fs.DurationVar(&f.opts.InFlightTimeout, "in-flight-timeout", 30*time.Second, "a key in flight for longer is taken to be abandoned and decided afresh")
+	fs.Uint64Var(&f.opts.Seed, "seed", 0, "seed of the random outcomes (0: random)")
+}
+
+// Command is `orderpipe psp`: the payment provider stand-in.
+func Command() cli.Command {
+	f := &flags{}
+	return cli.Command{
+		Name:    "psp",
+		Summary: "run the payment provider stand-in (charges and refunds with Idempotency-Key semantics, kept in PostgreSQL)",
+		Usage:   "[--addr HOST:PORT] [--latency D] [--decline-rate R] [--error-rate R] [--timeout-rate R] [--hang D] [--seed N]",
+		Env:     cli.Join(cli.Common, config.EnvShutdownTimeout),
+		Setup:   f.setup,
+		Run: func(ctx context.Context, inv cli.Invocation) error {
+			if len(inv.Args) > 0 {
+				return cli.Usagef("psp takes no arguments, got %q", inv.Args)
+			}
+			if err := f.opts.Validate(); err != nil {
+				return cli.Usagef("%v", err)
+			}
+			if _, _, err := net.SplitHostPort(f.addr); err != nil {
+				return cli.Usagef("--addr: %v", err)
+			}
+			if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
+				return err
+			}
+			logger := app.NewLogger(inv.Config, inv.Stderr)
+			pool, err := postgres.Open(ctx, inv.Config.DatabaseURL)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			srv, err := NewServer(pool, f.opts, logger)
+			if err != nil {
+				return cli.Usagef("%v", err)
+			}
+			return app.Serve(ctx, f.addr, srv.Handler(), logger, inv.Config.ShutdownTimeout)
+		},
+	}
+}
+
+// DevPart starts the stand-in for `orderpipe dev` on 127.0.0.1:0 and sets
+// env.Config.PSPURL for the parts after it, unless PSP_URL is set. It must
+// come before the consumers in the dev parts.
+func DevPart() devenv.Part {
+	return devenv.Part{
+		Name: "psp",
+		Start: func(ctx context.Context, env *app.Env) (func() error, error) {
+			if env.Config.PSPURL != "" {
+				env.Logger.Info("payment provider from PSP_URL", slog.String("url", env.Config.PSPURL))
+				return func() error { <-ctx.Done(); return nil }, nil
+			}
+			srv, err := NewServer(env.Pool, Options{Latency: 20 * time.Millisecond}, env.Logger.With(slog.String("part", "psp")))
+			if err != nil {
+				return nil, err
+			}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return nil, fmt.Errorf("listen for the payment provider stand-in: %w", err)
+			}
+			env.Config.PSPURL = "http://" + l.Addr().String()
+			done := make(chan error, 1)
+			go func() { done <- app.ServeListener(ctx, l, srv.Handler(), env.Logger, env.Config.ShutdownTimeout) }()
+			return func() error { return <-done }, nil
+		},
+	}
+}

@@ -1,0 +1,350 @@
+package psp_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+	"orderpipe/shared/psp"
+	"orderpipe/shared/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+type setup struct {
+	db *testenv.Database
+}
+
+func newSetup(t *testing.T) *setup {
+	t.Helper()
+	return &setup{db: testenv.DB(t)}
+}
+
+// serve starts a stand-in with opts on the test's database.
+func (s *setup) serve(t *testing.T, opts psp.Options) string {
+	t.Helper()
+	srv, err := psp.NewServer(s.db.Pool, opts, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+func (s *setup) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := s.db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestChargeRepeatReturnsFirstAnswer(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	c := psp.NewClient(s.serve(t, psp.Options{}), time.Second)
+	ctx := context.Background()
+	a, err := c.Charge(ctx, "charge:o1", "39.98", "CNY", "o1")
+	if err != nil || a.Status != psp.StatusSucceeded || a.ID == "" {
+		t.Fatalf("charge = %+v, %v", a, err)
+	}
+	b, err := c.Charge(ctx, "charge:o1", "39.98", "CNY", "o1")
+	if err != nil || b != a {
+		t.Fatalf("repeat = %+v, %v; want %+v", b, err, a)
+	}
+	// "39.980" is not the same request; "39.98" written as "39.98" is.
+	_, err = c.Charge(ctx, "charge:o1", "40.00", "CNY", "o1")
+	var pe *psp.Error
+	if !errors.As(err, &pe) || pe.Transient || pe.HTTPStatus != http.StatusUnprocessableEntity {
+		t.Fatalf("reused key with another body: %v, want permanent 422", err)
+	}
+	if n := s.count(t, `SELECT count(*) FROM psp_charges WHERE state = 'succeeded'`); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+}
+
+func TestDeclineIsAnAnswer(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	c := psp.NewClient(s.serve(t, psp.Options{DeclineRate: 1}), time.Second)
+	a, err := c.Charge(context.Background(), "k-decline", "1.00", "EUR", "o2")
+	if err != nil || a.Status != psp.StatusDeclined || a.Reason == "" {
+		t.Fatalf("charge = %+v, %v; want declined with a reason", a, err)
+	}
+	// A declined charge stays declined for its key, even on a healthy provider.
+	c2 := psp.NewClient(s.serve(t, psp.Options{}), time.Second)
+	b, err := c2.Charge(context.Background(), "k-decline", "1.00", "EUR", "o2")
+	if err != nil || b != a {
+		t.Fatalf("repeat = %+v, %v; want %+v", b, err, a)
+	}
+}
+
+func TestErrorIsTransientAndChargesNothing(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	bad := psp.NewClient(s.serve(t, psp.Options{ErrorRate: 1}), time.Second)
+	_, err := bad.Charge(context.Background(), "k-err", "5.00", "USD", "o3")
+	if !psp.IsTransient(err) {
+		t.Fatalf("err = %v, want transient", err)
+	}
+	if n := s.count(t, `SELECT count(*) FROM psp_charges`); n != 0 {
+		t.Fatalf("%d charges after an error, want 0", n)
+	}
+	good := psp.NewClient(s.serve(t, psp.Options{}), time.Second)
+	if a, err := good.Charge(context.Background(), "k-err", "5.00", "USD", "o3"); err != nil || a.Status != psp.StatusSucceeded {
+		t.Fatalf("retry = %+v, %v", a, err)
+	}
+	if _, err := bad.Refund(context.Background(), "r-err", "ch_x"); !psp.IsTransient(err) && !isStatus(err, http.StatusNotFound) {
+		t.Fatalf("refund on a failing provider: %v", err)
+	}
+}
+
+func isStatus(err error, code int) bool {
+	var pe *psp.Error
+	return errors.As(err, &pe) && pe.HTTPStatus == code
+}
+
+func TestChargeThenTimeout(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	c := psp.NewClient(s.serve(t, psp.Options{TimeoutRate: 1, Hang: 10 * time.Second}), 200*time.Millisecond)
+	t0 := time.Now()
+	_, err := c.Charge(context.Background(), "k-timeout", "7.50", "GBP", "o4")
+	if !psp.IsTransient(err) {
+		t.Fatalf("err = %v, want transient (timeout)", err)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("the client waited %s, want about its timeout", d)
+	}
+	// The provider charged: a retry with the same key learns it.
+	a, err := c.Charge(context.Background(), "k-timeout", "7.50", "GBP", "o4")
+	if err != nil || a.Status != psp.StatusSucceeded {
+		t.Fatalf("retry = %+v, %v; want the first answer (succeeded)", a, err)
+	}
+	if n := s.count(t, `SELECT count(*) FROM psp_charges WHERE reference = 'o4'`); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+}
+
+func TestInFlightKeyGets409(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	c := psp.NewClient(s.serve(t, psp.Options{Latency: 400 * time.Millisecond}), 5*time.Second)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	answers := make([]psp.Answer, 2)
+	started := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		close(started)
+		answers[0], errs[0] = c.Charge(context.Background(), "k-flight", "2.00", "CNY", "o5")
+	}()
+	<-started
+	testenv.WaitFor(t, 5*time.Second, "the first charge to be in flight", func() bool {
+		return s.count(t, `SELECT count(*) FROM psp_charges WHERE idempotency_key = 'k-flight'`) == 1
+	})
+	answers[1], errs[1] = c.Charge(context.Background(), "k-flight", "2.00", "CNY", "o5")
+	wg.Wait()
+	if errs[0] != nil || answers[0].Status != psp.StatusSucceeded {
+		t.Fatalf("first = %+v, %v", answers[0], errs[0])
+	}
+	if !psp.IsTransient(errs[1]) || !isStatus(errs[1], http.StatusConflict) {
+		t.Fatalf("concurrent repeat = %+v, %v; want transient 409", answers[1], errs[1])
+	}
+}
+
+func TestRefund(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	c := psp.NewClient(s.serve(t, psp.Options{}), time.Second)
+	ctx := context.Background()
+	ch, err := c.Charge(ctx, "charge:o6", "9.99", "CNY", "o6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := c.Refund(ctx, "refund:o6", ch.ID)
+	if err != nil || r1.Status != psp.StatusSucceeded {
+		t.Fatalf("refund = %+v, %v", r1, err)
+	}
+	r2, err := c.Refund(ctx, "refund:o6", ch.ID)
+	if err != nil || r2 != r1 {
+		t.Fatalf("repeat = %+v, %v; want %+v", r2, err, r1)
+	}
+	if _, err := c.Refund(ctx, "refund:other", ch.ID); !isStatus(err, http.StatusUnprocessableEntity) || psp.IsTransient(err) {
+		t.Fatalf("second refund under another key: %v, want permanent 422", err)
+	}
+	if _, err := c.Refund(ctx, "refund:nope", "ch_unknown"); !isStatus(err, http.StatusNotFound) {
+		t.Fatalf("refund of an unknown charge: %v, want 404", err)
+	}
+	dc := psp.NewClient(s.serve(t, psp.Options{DeclineRate: 1}), time.Second)
+	d, err := dc.Charge(ctx, "charge:o7", "1.00", "CNY", "o7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Refund(ctx, "refund:o7", d.ID); !isStatus(err, http.StatusUnprocessableEntity) {
+		t.Fatalf("refund of a declined charge: %v, want 422", err)
+	}
+	if n := s.count(t, `SELECT count(*) FROM psp_refunds`); n != 1 {
+		t.Fatalf("%d refunds, want 1", n)
+	}
+}
+
+func TestMalformedRequests(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	url := s.serve(t, psp.Options{})
+	long := strings.Repeat("k", 256)
+	cases := []struct {
+		name, path, key, body string
+		want                  int
+	}{
+		{"no key", "/v1/charges", "", `{"amount":"1.00","currency":"CNY","reference":"r"}`, 400},
+		{"key too long", "/v1/charges", long, `{"amount":"1.00","currency":"CNY","reference":"r"}`, 400},
+		{"key with space", "/v1/charges", "a b", `{"amount":"1.00","currency":"CNY","reference":"r"}`, 400},
+		{"not json", "/v1/charges", "k1", `amount=1`, 400},
+		{"empty body", "/v1/charges", "k2", ``, 400},
+		{"unknown field", "/v1/charges", "k3", `{"amount":"1.00","currency":"CNY","reference":"r","x":1}`, 400},
+		{"number amount", "/v1/charges", "k4", `{"amount":1.00,"currency":"CNY","reference":"r"}`, 400},
+		{"zero amount", "/v1/charges", "k5", `{"amount":"0.00","currency":"CNY","reference":"r"}`, 400},
+		{"negative amount", "/v1/charges", "k6", `{"amount":"-1","currency":"CNY","reference":"r"}`, 400},
+		{"three decimals", "/v1/charges", "k7", `{"amount":"1.001","currency":"CNY","reference":"r"}`, 400},
+		{"exponent", "/v1/charges", "k8", `{"amount":"1e3","currency":"CNY","reference":"r"}`, 400},
+		{"bad currency", "/v1/charges", "k9", `{"amount":"1.00","currency":"cny","reference":"r"}`, 400},
+		{"no reference", "/v1/charges", "k10", `{"amount":"1.00","currency":"CNY"}`, 400},
+		{"trailing data", "/v1/charges", "k11", `{"amount":"1.00","currency":"CNY","reference":"r"} {}`, 400},
+		{"huge body", "/v1/charges", "k12", `{"amount":"1.00","currency":"CNY","reference":"` + strings.Repeat("r", 20000) + `"}`, 400},
+		{"refund no charge", "/v1/refunds", "k13", `{}`, 400},
+		{"refund bad json", "/v1/refunds", "k14", `{"charge_id":`, 400},
+		{"wrong method path", "/v1/charges/x", "k15", `{}`, 404},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, url+tc.path, bytes.NewReader([]byte(tc.body)))
+			if tc.key != "" {
+				req.Header.Set(psp.HeaderIdempotencyKey, tc.key)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d (%s), want %d", resp.StatusCode, b, tc.want)
+			}
+		})
+	}
+	if n := s.count(t, `SELECT count(*) FROM psp_charges`); n != 0 {
+		t.Fatalf("malformed requests left %d charges", n)
+	}
+}
+
+func TestParseAmount(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]int64{"39.98": 3998, "39.9": 3990, "39": 3900, "0.01": 1, "000123.40": 12340} {
+		if got, err := psp.ParseAmount(in); err != nil || got != want {
+			t.Errorf("ParseAmount(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "0.00", "-1", "+1", "1.", ".5", "1.234", "1e2", "NaN", " 1", "1 ", "1234567890123456", "１"} {
+		if _, err := psp.ParseAmount(in); !errors.Is(err, psp.ErrInvalid) {
+			t.Errorf("ParseAmount(%q) = %v, want ErrInvalid", in, err)
+		}
+	}
+}
+
+func TestCommandRefusesBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--decline-rate", "1.5"},
+		{"--error-rate", "-0.1"},
+		{"--timeout-rate", "NaN"},
+		{"--decline-rate", "0.6", "--error-rate", "0.6"},
+		{"--latency", "-1s"},
+		{"--hang", "-1s"},
+		{"--addr", "nonsense"},
+		{"extra-argument"},
+	} {
+		cmd := psp.Command()
+		fs := flag.NewFlagSet("psp", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cmd.Setup(fs)
+		if err := fs.Parse(args); err != nil {
+			continue // the flag package refused it: also a usage error
+		}
+		err := cmd.Run(context.Background(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: io.Discard, Stderr: io.Discard, Config: config.Config{}})
+		var ue cli.UsageError
+		if !errors.As(err, &ue) {
+			t.Errorf("psp %v: err = %v, want a usage error", args, err)
+		}
+	}
+	for _, args := range [][]string{{"--latency", "soon"}, {"--seed", "-1"}, {"--nope"}} {
+		cmd := psp.Command()
+		fs := flag.NewFlagSet("psp", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cmd.Setup(fs)
+		if err := fs.Parse(args); err == nil {
+			t.Errorf("psp %v parsed, want a flag error", args)
+		}
+	}
+}
+
+func TestClientWithoutProvider(t *testing.T) {
+	t.Parallel()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":"x","status":"declined"}`)) // status does not match the code
+	}))
+	defer hs.Close()
+	c := psp.NewClient(hs.URL, time.Second)
+	if _, err := c.Charge(context.Background(), "k", "1.00", "CNY", "r"); !psp.IsTransient(err) {
+		t.Fatalf("inconsistent answer: %v, want transient", err)
+	}
+	hs.Close()
+	if _, err := c.Charge(context.Background(), "k", "1.00", "CNY", "r"); !psp.IsTransient(err) {
+		t.Fatalf("no server: %v, want transient", err)
+	}
+	if _, err := c.Charge(context.Background(), "bad key", "1.00", "CNY", "r"); err == nil || psp.IsTransient(err) {
+		t.Fatalf("bad key: %v, want permanent", err)
+	}
+}
+
+func FuzzDecodeCharge(f *testing.F) {
+	for _, s := range []string{
+		`{"amount":"39.98","currency":"CNY","reference":"0190"}`,
+		`{"amount":"1","currency":"EUR","reference":"x"}`,
+		`{"amount":1,"currency":"EUR","reference":"x"}`,
+		`{}`, `[]`, `null`, `{"amount":"1.001"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, err := psp.DecodeCharge(bytes.NewReader(b))
+		if err != nil {
+			if !errors.Is(err, psp.ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			return
+		}
+		cents, err := psp.ParseAmount(req.Amount)
+		if err != nil || cents <= 0 || psp.FormatAmount(cents) != req.Amount {
+			t.Fatalf("accepted amount %q does not round-trip: %d, %v", req.Amount, cents, err)
+		}
+		if len(req.Currency) != 3 || req.Reference == "" {
+			t.Fatalf("accepted %+v", req)
+		}
+	})
+}

@@ -1,0 +1,173 @@
+// Package psp is orderpipe's side and the stand-in of the payment provider
+// wire contract (DESIGN.md, "The payment provider's wire contract"):
+//
+//	POST {PSP_URL}/v1/charges  Idempotency-Key: K  {"amount":"39.98","currency":"CNY","reference":"<order_id>"}
+//	  201 {"id","status":"succeeded"}  402 {"id","status":"declined","reason"}
+//	  409 while K is in flight  422 K reused with another body  5xx/timeout: outcome unknown
+//	POST {PSP_URL}/v1/refunds  Idempotency-Key: K  {"charge_id":"..."}
+//	  201 {"id","status":"succeeded"}, same rules
+//
+// A repeated key returns the first answer, so a caller that does not know
+// the outcome (5xx, timeout, 409) retries with the SAME key and never
+// charges twice. Client classifies answers for the consumers and the
+// compensator; Server is `orderpipe psp`, a provider stand-in that keeps
+// its charges in PostgreSQL and misbehaves on request (latency, declines,
+// errors, "charge then time out").
+package psp
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Statuses in provider answers.
+const (
+	StatusSucceeded = "succeeded"
+	StatusDeclined  = "declined"
+)
+
+// HeaderIdempotencyKey carries the caller's key on every POST.
+const HeaderIdempotencyKey = "Idempotency-Key"
+
+// MaxBodyBytes bounds a request body.
+const MaxBodyBytes = 16 << 10
+
+// ChargeRequest is the body of POST /v1/charges.
+type ChargeRequest struct {
+	// Amount is a decimal string with at most 2 decimals, > 0.
+	Amount string `json:"amount"`
+	// Currency is an ISO 4217 code.
+	Currency string `json:"currency"`
+	// Reference is the caller's reference (orderpipe sends the order id).
+	Reference string `json:"reference"`
+}
+
+// RefundRequest is the body of POST /v1/refunds.
+type RefundRequest struct {
+	ChargeID string `json:"charge_id"`
+}
+
+// Answer is the body of a 201 or 402.
+type Answer struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Problem is the body of every other answer.
+type Problem struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+}
+
+// ErrInvalid marks a request that the provider refuses as malformed (400).
+var ErrInvalid = errors.New("invalid payment request")
+
+var (
+	currencyRe = regexp.MustCompile(`^[A-Z]{3}$`)
+	amountRe   = regexp.MustCompile(`^([0-9]{1,15})(?:\.([0-9]{1,2}))?$`)
+)
+
+// ValidKey reports whether k is an acceptable Idempotency-Key: 1–255
+// printable ASCII characters.
+func ValidKey(k string) bool {
+	if len(k) == 0 || len(k) > 255 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseAmount parses a decimal amount exactly (never through float64) into
+// minor units (cents). It accepts "39.98", "39.9", "39"; it refuses signs,
+// exponents, more than 2 decimals, zero and more than 15 integer digits.
+func ParseAmount(s string) (int64, error) {
+	m := amountRe.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("%w: amount %q is not a decimal with at most 2 decimals", ErrInvalid, s)
+	}
+	units, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: amount %q: %v", ErrInvalid, s, err)
+	}
+	frac := m[2]
+	for len(frac) < 2 {
+		frac += "0"
+	}
+	cents, _ := strconv.ParseInt(frac, 10, 64)
+	v := units*100 + cents
+	if v <= 0 {
+		return 0, fmt.Errorf("%w: amount must be > 0", ErrInvalid)
+	}
+	return v, nil
+}
+
+// FormatAmount writes minor units as a decimal string with 2 decimals.
+func FormatAmount(cents int64) string {
+	return fmt.Sprintf("%d.%02d", cents/100, cents%100)
+}
+
+// decodeStrict decodes one JSON object of at most MaxBodyBytes into v,
+// refusing unknown fields and trailing data.
+func decodeStrict(r io.Reader, v any) error {
+	b, err := io.ReadAll(io.LimitReader(r, MaxBodyBytes+1))
+	if err != nil {
+		return fmt.Errorf("%w: read body: %v", ErrInvalid, err)
+	}
+	if len(b) > MaxBodyBytes {
+		return fmt.Errorf("%w: body larger than %d bytes", ErrInvalid, MaxBodyBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: trailing data after the JSON object", ErrInvalid)
+	}
+	return nil
+}
+
+// DecodeCharge parses and validates a charge request body and returns it
+// with the amount normalised ("39.9" → "39.90"). Every failure wraps
+// ErrInvalid.
+func DecodeCharge(r io.Reader) (ChargeRequest, error) {
+	var c ChargeRequest
+	if err := decodeStrict(r, &c); err != nil {
+		return ChargeRequest{}, err
+	}
+	cents, err := ParseAmount(c.Amount)
+	if err != nil {
+		return ChargeRequest{}, err
+	}
+	c.Amount = FormatAmount(cents)
+	if !currencyRe.MatchString(c.Currency) {
+		return ChargeRequest{}, fmt.Errorf("%w: currency %q is not an ISO 4217 code", ErrInvalid, c.Currency)
+	}
+	if c.Reference == "" || len(c.Reference) > 255 || strings.ContainsAny(c.Reference, "\x00\n\r") {
+		return ChargeRequest{}, fmt.Errorf("%w: reference must be 1-255 characters on one line", ErrInvalid)
+	}
+	return c, nil
+}
+
+// DecodeRefund parses and validates a refund request body.
+func DecodeRefund(r io.Reader) (RefundRequest, error) {
+	var rr RefundRequest
+	if err := decodeStrict(r, &rr); err != nil {
+		return RefundRequest{}, err
+	}
+	if !ValidKey(rr.ChargeID) {
+		return RefundRequest{}, fmt.Errorf("%w: charge_id must be 1-255 printable characters", ErrInvalid)
+	}
+	return rr, nil
+}
