@@ -115,7 +115,7 @@ func problemsForMux(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
-			h.ServeHTTP(w, r)
+			mux.ServeHTTP(w, r) // sets the path values, which Handler does not
 			return
 		}
 		rec := &statusOnly{header: http.Header{}}
