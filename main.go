@@ -30,6 +30,7 @@ func commands() []cli.Command {
 		postgres.MigrateCommand(),
 		producer.Command(),
 		tenant.Command(),
+		probeCommand(),
 	}
 }
 

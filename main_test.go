@@ -1,0 +1,331 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"orderpipe/shared/config"
+	"orderpipe/shared/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// orderpipe runs the command line in-process and returns its exit code and
+// what it printed.
+func orderpipe(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// cleanEnv unsets every documented variable for the test, so that the
+// machine's environment (a DATABASE_URL, a log level) cannot change what the
+// command line does.
+func cleanEnv(t *testing.T) {
+	t.Helper()
+	for _, v := range config.Vars() {
+		t.Setenv(v.Name, "")
+		os.Unsetenv(v.Name)
+	}
+}
+
+// The commands that issue 2 and the parts' issues promise; each part adds
+// itself to commands() as it lands.
+var wantCommands = []string{"dev", "migrate", "producer", "consumers", "compensator", "psp", "clients"}
+
+func TestHelpListsEveryCommandAndVariable(t *testing.T) {
+	cleanEnv(t)
+	for _, args := range [][]string{nil, {"help"}, {"-h"}, {"--help"}} {
+		code, out, errOut := orderpipe(t, args...)
+		if code != 0 || errOut != "" {
+			t.Fatalf("orderpipe %v: exit %d, stderr %q", args, code, errOut)
+		}
+		for _, c := range commands() {
+			if !strings.Contains(out, "\n  "+c.Name+" ") || !strings.Contains(out, c.Summary) {
+				t.Errorf("orderpipe %v does not list %s with its summary:\n%s", args, c.Name, out)
+			}
+		}
+		for _, v := range config.Vars() {
+			if !strings.Contains(out, v.Name) || v.Meaning == "" || !strings.Contains(out, v.Meaning) {
+				t.Errorf("orderpipe %v does not document %s (meaning %q)", args, v.Name, v.Meaning)
+			}
+		}
+	}
+	names := map[string]bool{}
+	for _, c := range commands() {
+		if names[c.Name] {
+			t.Errorf("command %s is listed twice", c.Name)
+		}
+		names[c.Name] = true
+		if c.Summary == "" || c.Run == nil {
+			t.Errorf("command %s lacks a summary or a Run", c.Name)
+		}
+	}
+	for _, want := range wantCommands {
+		if !names[want] {
+			t.Errorf("command %s is not in commands() yet", want)
+		}
+	}
+}
+
+func TestEveryCommandDescribesItself(t *testing.T) {
+	cleanEnv(t)
+	documented := map[string]bool{}
+	for _, v := range config.Vars() {
+		documented[v.Name] = true
+	}
+	for _, c := range commands() {
+		for _, args := range [][]string{{c.Name, "-h"}, {c.Name, "--help"}, {"help", c.Name}} {
+			code, out, errOut := orderpipe(t, args...)
+			if code != 0 {
+				t.Errorf("orderpipe %s: exit %d, stderr:\n%s", strings.Join(args, " "), code, errOut)
+				continue
+			}
+			if !strings.HasPrefix(out, "usage: orderpipe "+c.Name) || !strings.Contains(out, c.Summary) {
+				t.Errorf("orderpipe %s: want the usage line and summary, got:\n%s", strings.Join(args, " "), out)
+			}
+			if len(c.Env) > 0 && !strings.Contains(out, "\nEnvironment:\n") {
+				t.Errorf("orderpipe %s does not list its environment:\n%s", strings.Join(args, " "), out)
+			}
+			for _, name := range c.Env {
+				if !strings.Contains(out, "  "+name+" ") {
+					t.Errorf("orderpipe %s does not print its variable %s:\n%s", strings.Join(args, " "), name, out)
+				}
+			}
+		}
+		for _, name := range c.Env {
+			if !documented[name] {
+				t.Errorf("command %s reads %s, which is not registered with config.Register (so `help` cannot explain it)", c.Name, name)
+			}
+		}
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	cleanEnv(t)
+	for _, args := range [][]string{{"frobnicate"}, {"Migrate"}, {"--verbose"}, {""}, {"help", "frobnicate"}} {
+		code, out, errOut := orderpipe(t, args...)
+		if code != 2 {
+			t.Errorf("orderpipe %q: exit %d, want 2", args, code)
+		}
+		if out != "" || !strings.Contains(errOut, "unknown command") || !strings.Contains(errOut, "Commands:") {
+			t.Errorf("orderpipe %q: want the complaint and the command list on stderr; stdout %q stderr %q", args, out, errOut)
+		}
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	cleanEnv(t)
+	for _, c := range commands() {
+		for _, args := range [][]string{{c.Name, "--no-such-flag"}, {c.Name, "-no-such-flag=1"}, {c.Name, "---"}} {
+			code, out, errOut := orderpipe(t, args...)
+			if code != 2 {
+				t.Errorf("orderpipe %s: exit %d, want 2 (stderr %q)", strings.Join(args, " "), code, errOut)
+			}
+			if out != "" || !strings.Contains(errOut, "usage: orderpipe "+c.Name) {
+				t.Errorf("orderpipe %s: want the usage on stderr and nothing on stdout; stdout %q stderr %q", strings.Join(args, " "), out, errOut)
+			}
+		}
+	}
+	// A flag with a malformed value.
+	code, _, errOut := orderpipe(t, "probe", "--timeout", "soon")
+	if code != 2 || !strings.Contains(errOut, "invalid value") {
+		t.Errorf("probe --timeout soon: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestBadEnvironment(t *testing.T) {
+	for _, tc := range []struct{ name, value string }{
+		{config.EnvLogLevel, "loud"},
+		{config.EnvLogFormat, "xml"},
+		{config.EnvStreamReplicas, "2"},
+		{config.EnvStreamReplicas, "three"},
+		{config.EnvShutdownTimeout, "-5s"},
+		{config.EnvShutdownTimeout, "forever"},
+		{config.EnvAllowPrivateCallbacks, "maybe"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			cleanEnv(t)
+			t.Setenv(tc.name, tc.value)
+			for _, cmd := range []string{"migrate", "dev", "probe"} {
+				args := []string{cmd}
+				if cmd == "migrate" {
+					args = append(args, "status")
+				}
+				code, out, errOut := orderpipe(t, args...)
+				if code != 2 {
+					t.Errorf("orderpipe %v with %s=%s: exit %d, want 2 (stderr %q)", args, tc.name, tc.value, code, errOut)
+				}
+				if out != "" || !strings.Contains(errOut, "bad environment") || !strings.Contains(errOut, tc.name) || !strings.Contains(errOut, tc.value) {
+					t.Errorf("orderpipe %v with %s=%s: want a message naming the variable and value on stderr; stdout %q stderr %q", args, tc.name, tc.value, out, errOut)
+				}
+			}
+		})
+	}
+}
+
+func TestMigrateCommandLine(t *testing.T) {
+	cleanEnv(t)
+	// Bad command lines are refused before any connection is tried.
+	for _, args := range [][]string{{"migrate"}, {"migrate", "sideways"}, {"migrate", "up", "down"}, {"migrate", ""}, {"migrate", "UP"}} {
+		code, out, errOut := orderpipe(t, args...)
+		if code != 2 {
+			t.Errorf("orderpipe %q: exit %d, want 2 (stderr %q)", args, code, errOut)
+		}
+		if out != "" || !strings.Contains(errOut, "usage: orderpipe migrate") {
+			t.Errorf("orderpipe %q: want the usage on stderr; stdout %q stderr %q", args, out, errOut)
+		}
+	}
+	// A good command line without a database says what to set.
+	code, _, errOut := orderpipe(t, "migrate", "status")
+	if code != 1 || !strings.Contains(errOut, "DATABASE_URL") {
+		t.Errorf("migrate status without DATABASE_URL: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestMigrateAgainstARealDatabase(t *testing.T) {
+	cleanEnv(t)
+	db := testenv.EmptyDB(t)
+	t.Setenv(config.EnvDatabaseURL, db.URL)
+
+	code, out, errOut := orderpipe(t, "migrate", "status")
+	if code != 0 || !strings.Contains(out, "pending") || strings.Contains(out, "applied") {
+		t.Fatalf("migrate status on an empty database: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = orderpipe(t, "migrate", "up")
+	if code != 0 || !strings.Contains(out, "migrate up: done") || strings.Contains(out, "pending") {
+		t.Fatalf("migrate up: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = orderpipe(t, "migrate", "up")
+	if code != 0 {
+		t.Fatalf("a second migrate up: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = orderpipe(t, "migrate", "down")
+	if code != 0 || strings.Count(out, "pending") != 1 {
+		t.Fatalf("migrate down: want exactly the newest pending; exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = orderpipe(t, "migrate", "reset")
+	if code != 0 || strings.Contains(out, "applied") {
+		t.Fatalf("migrate reset: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = orderpipe(t, "migrate", "up")
+	if code != 0 || strings.Contains(out, "pending") {
+		t.Fatalf("migrate up after reset: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+func TestMigrateUnreachableDatabase(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv(config.EnvDatabaseURL, "postgres://postgres@127.0.0.1:"+strconv.Itoa(closedPort(t))+"/x?sslmode=disable&connect_timeout=2")
+	code, out, errOut := orderpipe(t, "migrate", "up")
+	if code != 1 || out != "" || !strings.Contains(errOut, "connect to PostgreSQL") {
+		t.Fatalf("migrate up with nothing listening: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+func TestProbe(t *testing.T) {
+	cleanEnv(t)
+	var status atomic.Int32
+	status.Store(http.StatusOK)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" {
+			http.NotFound(w, r)
+			return
+		}
+		w.WriteHeader(int(status.Load()))
+	}))
+	defer srv.Close()
+
+	code, out, errOut := orderpipe(t, "probe", srv.URL+"/healthz")
+	if code != 0 || !strings.Contains(out, "200") {
+		t.Fatalf("probe of a healthy server: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	// Without a URL it asks its own HTTP_ADDR's /healthz.
+	t.Setenv(config.EnvHTTPAddr, srv.Listener.Addr().String())
+	if code, _, errOut := orderpipe(t, "probe"); code != 0 {
+		t.Fatalf("probe of HTTP_ADDR: exit %d, stderr %q", code, errOut)
+	}
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	t.Setenv(config.EnvHTTPAddr, ":"+port)
+	if code, _, errOut := orderpipe(t, "probe"); code != 0 {
+		t.Fatalf("probe of HTTP_ADDR :%s: exit %d, stderr %q", port, code, errOut)
+	}
+
+	status.Store(http.StatusServiceUnavailable)
+	if code, _, errOut := orderpipe(t, "probe", "--timeout", "2s", srv.URL+"/healthz"); code != 1 || !strings.Contains(errOut, "503") {
+		t.Fatalf("probe of an unhealthy server: exit %d, stderr %q", code, errOut)
+	}
+	if code, _, errOut := orderpipe(t, "probe", "http://127.0.0.1:"+strconv.Itoa(closedPort(t))+"/healthz"); code != 1 || !strings.Contains(errOut, "refused") {
+		t.Fatalf("probe of a closed port: exit %d, stderr %q", code, errOut)
+	}
+	for _, args := range [][]string{
+		{"probe", "not a url"}, {"probe", "ftp://x/healthz"}, {"probe", "http:///healthz"},
+		{"probe", srv.URL, srv.URL}, {"probe", "--timeout", "0s", srv.URL}, {"probe", "--timeout", "-1s", srv.URL},
+	} {
+		if code, _, errOut := orderpipe(t, args...); code != 2 || !strings.Contains(errOut, "usage: orderpipe probe") {
+			t.Errorf("orderpipe %q: exit %d, want 2 with usage; stderr %q", args, code, errOut)
+		}
+	}
+}
+
+func TestHealthURL(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]string{
+		":8080":          "http://127.0.0.1:8080/healthz",
+		"0.0.0.0:9090":   "http://127.0.0.1:9090/healthz",
+		"[::]:9090":      "http://127.0.0.1:9090/healthz",
+		"10.0.0.5:8081":  "http://10.0.0.5:8081/healthz",
+		"[::1]:8081":     "http://[::1]:8081/healthz",
+		"localhost:8080": "http://localhost:8080/healthz",
+	} {
+		if got := healthURL(addr); got != want {
+			t.Errorf("healthURL(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// FuzzHealthURL: whatever HTTP_ADDR holds, probe's default target is an
+// http URL of /healthz, and a valid host:port keeps its port.
+func FuzzHealthURL(f *testing.F) {
+	for _, seed := range []string{":8080", "0.0.0.0:1", "[::]:9090", "[::1]:80", "host", "", "[", "a:b:c", "%zz:1"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, addr string) {
+		got := healthURL(addr)
+		if !strings.HasPrefix(got, "http://") || !strings.HasSuffix(got, "/healthz") {
+			t.Fatalf("healthURL(%q) = %q", addr, got)
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || strings.ContainsAny(host, "/?#%@ \t\n\r\x00") || strings.ContainsAny(port, "/?#%@ \t\n\r\x00") {
+			return
+		}
+		u, err := url.Parse(got)
+		if err != nil {
+			t.Fatalf("healthURL(%q) = %q does not parse: %v", addr, got, err)
+		}
+		if u.Port() != port {
+			t.Fatalf("healthURL(%q) = %q: port %q, want %q", addr, got, u.Port(), port)
+		}
+	})
+}
+
+// closedPort returns a local port with nothing listening on it.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	return port
+}
