@@ -1,0 +1,209 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"orderpipe/producer/client"
+	"orderpipe/shared/order"
+	"orderpipe/shared/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// script is a scripted intake: each attempt gets the next answer. The
+// retry rules are about the client's reading of answers, so a script is
+// the precise tool; the producer package tests the client against the
+// real intake.
+type script struct {
+	mu      sync.Mutex
+	answers []func(w http.ResponseWriter)
+	keys    []string
+	times   []time.Time
+}
+
+func (s *script) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	var req map[string]any
+	_ = json.Unmarshal(body, &req)
+	s.mu.Lock()
+	n := len(s.keys)
+	s.keys = append(s.keys, r.Header.Get("Idempotency-Key")+"|"+asString(req["request_id"]))
+	s.times = append(s.times, time.Now())
+	a := s.answers[min(n, len(s.answers)-1)]
+	s.mu.Unlock()
+	a(w)
+}
+
+func asString(v any) string { s, _ := v.(string); return s }
+
+func problemAnswer(status, code int, retryAfter string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		if retryAfter != "" {
+			w.Header().Set("Retry-After", retryAfter)
+		}
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(map[string]any{"type": "urn:orderpipe:problem:x", "title": "t", "status": status, "code": code, "retryable": code < 200})
+	}
+}
+
+func orderAnswer(status int) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		if status == 200 {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, `{"order_id":"0190b0b0-0000-7000-8000-000000000001","order_no":"ORDX","request_id":"r","status":"processing","amount":"39.98","currency":"CNY","user_id":1,"items":[{"sku":"A","quantity":1}]}`)
+	}
+}
+
+func hang(d time.Duration) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) { time.Sleep(d); orderAnswer(202)(w) }
+}
+
+func newClient(t *testing.T, s *script) *client.Client {
+	t.Helper()
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	c := client.New(srv.URL, "opk_test")
+	c.BaseBackoff, c.MaxBackoff = 10*time.Millisecond, 40*time.Millisecond
+	return c
+}
+
+var req = client.OrderRequest{UserID: 1, Items: []client.Item{{SKU: "A", Quantity: 1}}, Amount: "39.98", Currency: "CNY"}
+
+func TestRetriesClassOneAndKeepsTheRequestID(t *testing.T) {
+	t.Parallel()
+	s := &script{answers: []func(http.ResponseWriter){
+		problemAnswer(503, 101, ""), problemAnswer(429, 102, ""), problemAnswer(502, 0, ""), orderAnswer(202),
+	}}
+	c := newClient(t, s)
+	res, err := c.CreateOrder(context.Background(), req)
+	if err != nil || res.Attempts != 4 || res.Replayed || res.Order.Amount != "39.98" {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if order.ValidateRequestID(res.RequestID) != nil || !strings.HasPrefix(res.RequestID, "ORD") {
+		t.Fatalf("generated request_id %q", res.RequestID)
+	}
+	for _, k := range s.keys {
+		if k != res.RequestID+"|"+res.RequestID {
+			t.Fatalf("request_id changed across retries: %v", s.keys)
+		}
+	}
+}
+
+func TestNeverRetriesClassTwo(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{201, 202, 203, 205, 206, 207} {
+		s := &script{answers: []func(http.ResponseWriter){problemAnswer(400, code, "")}}
+		c := newClient(t, s)
+		_, err := c.CreateOrder(context.Background(), req)
+		var p *client.Problem
+		if !errors.As(err, &p) || p.Code != code || p.Class() != 2 || len(s.keys) != 1 {
+			t.Fatalf("code %d: %v after %d attempts", code, err, len(s.keys))
+		}
+	}
+}
+
+func TestReplayIsSuccess(t *testing.T) {
+	t.Parallel()
+	c := newClient(t, &script{answers: []func(http.ResponseWriter){orderAnswer(200)}})
+	res, err := c.CreateOrder(context.Background(), client.OrderRequest{RequestID: "mine", Amount: "1"})
+	if err != nil || !res.Replayed || res.RequestID != "mine" {
+		t.Fatalf("%+v %v", res, err)
+	}
+	// A class 3 problem is success too: the client fetches the order.
+	c = newClient(t, &script{answers: []func(http.ResponseWriter){problemAnswer(200, 301, ""), orderAnswer(200)}})
+	if res, err = c.CreateOrder(context.Background(), req); err != nil || !res.Replayed || res.Order.OrderNo != "ORDX" {
+		t.Fatalf("class 3: %+v %v", res, err)
+	}
+}
+
+func TestHonoursRetryAfter(t *testing.T) {
+	t.Parallel()
+	s := &script{answers: []func(http.ResponseWriter){problemAnswer(429, 102, "1"), orderAnswer(202)}}
+	c := newClient(t, s)
+	if _, err := c.CreateOrder(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if gap := s.times[1].Sub(s.times[0]); gap < 900*time.Millisecond {
+		t.Fatalf("retried after %s, Retry-After said 1s", gap)
+	}
+}
+
+func TestTimeoutsAreRetriedWithinTheBudget(t *testing.T) {
+	t.Parallel()
+	s := &script{answers: []func(http.ResponseWriter){hang(300 * time.Millisecond), orderAnswer(200)}}
+	c := newClient(t, s)
+	c.AttemptTimeout = 100 * time.Millisecond
+	res, err := c.CreateOrder(context.Background(), req)
+	if err != nil || res.Attempts != 2 || !res.Replayed {
+		t.Fatalf("%+v %v", res, err)
+	}
+
+	// A server that never answers in time: the budget ends the call.
+	s = &script{answers: []func(http.ResponseWriter){hang(300 * time.Millisecond)}}
+	c = newClient(t, s)
+	c.AttemptTimeout, c.Budget = 50*time.Millisecond, 400*time.Millisecond
+	t0 := time.Now()
+	_, err = c.CreateOrder(context.Background(), client.OrderRequest{RequestID: "keep-me"})
+	var be *client.BudgetError
+	if !errors.Is(err, client.ErrBudgetExhausted) || !errors.As(err, &be) || be.RequestID != "keep-me" || be.Attempts < 2 {
+		t.Fatalf("%v", err)
+	}
+	if el := time.Since(t0); el > time.Second {
+		t.Fatalf("budget 400ms, call took %s", el)
+	}
+}
+
+func TestConnectionErrorsAreRetried(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close() // nothing listens there now
+	c := client.New(url, "k")
+	c.BaseBackoff, c.Budget = 10*time.Millisecond, 300*time.Millisecond
+	var retries int
+	c.OnRetry = func(int, error, time.Duration) { retries++ }
+	_, err := c.CreateOrder(context.Background(), req)
+	if !errors.Is(err, client.ErrBudgetExhausted) || retries < 2 {
+		t.Fatalf("%v after %d retries", err, retries)
+	}
+}
+
+func TestCancelStopsRetrying(t *testing.T) {
+	t.Parallel()
+	c := newClient(t, &script{answers: []func(http.ResponseWriter){problemAnswer(503, 101, "5")}})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	_, err := c.CreateOrder(ctx, req)
+	if err == nil || time.Since(t0) > 2*time.Second {
+		t.Fatalf("%v after %s", err, time.Since(t0))
+	}
+}
+
+func TestGetOrder(t *testing.T) {
+	t.Parallel()
+	c := newClient(t, &script{answers: []func(http.ResponseWriter){problemAnswer(503, 101, ""), orderAnswer(200)}})
+	o, err := c.GetOrder(context.Background(), "0190b0b0-0000-7000-8000-000000000001")
+	if err != nil || o.Status != "processing" {
+		t.Fatalf("%+v %v", o, err)
+	}
+	c = newClient(t, &script{answers: []func(http.ResponseWriter){problemAnswer(404, 203, "")}})
+	_, err = c.GetOrderByRequestID(context.Background(), "x")
+	var p *client.Problem
+	if !errors.As(err, &p) || p.Code != 203 {
+		t.Fatalf("%v", err)
+	}
+}
