@@ -1,0 +1,615 @@
+// Package compensator finds orders stuck in a non-terminal state and drives
+// them on or unwinds them (DESIGN.md guarantee 5).
+//
+// An order is stuck when it has stayed in processing, reserved or paid for
+// longer than that state's deadline, counted from when it entered the state
+// or from its last re-drive. A stuck order is re-driven: the event of its
+// current state is published again with a message id of its own
+// (orderevent.MsgID with the re-drive number), so that the broker's
+// duplicate window does not swallow it; the consumers' conditional updates
+// and dedupe rows make it harmless if the step already ran. After
+// MaxAttempts re-drives in one state the order is unwound in one
+// transaction: its stock released, a refund of its charge recorded as due,
+// the order moved to cancelled (the usual status event tells the client).
+// The refund itself is asked of the payment provider after that commit,
+// with an Idempotency-Key derived from the order, and recorded when the
+// provider answers; a crash in between repeats the call with the same key,
+// which the provider answers with the first refund.
+//
+// Any number of compensators may run at once, on any number of machines,
+// with no leader: each pass claims stuck orders with SELECT ... FOR UPDATE
+// SKIP LOCKED in keyset batches, and writes back with a compare-and-set on
+// the status and the re-drive count it read (WHERE status = $seen AND
+// redrive_attempts = $seenAttempt). A consumer that moves the order between
+// the compensator's read and its write wins, and the compensator does
+// nothing to that order (the race of riverqueue/river#1302). A pass never
+// moves an order backwards, and never forward except to cancelled through
+// the same conditional orderstore.Transition the consumers use.
+//
+// Each pass also publishes outbox rows left pending (a process died between
+// its commit and its publish) and deletes processed_messages rows older
+// than the dedupe retention. A dry run does all of its reading in a READ
+// ONLY transaction and writes nothing anywhere.
+package compensator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"orderpipe/shared/failpoint"
+	"orderpipe/shared/metrics"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
+	"orderpipe/shared/psp"
+)
+
+// Failpoint names in this package.
+const (
+	// FailMidPass fires after each order's action, inside the batch
+	// transaction (before its commit).
+	FailMidPass = "compensator.mid-pass"
+	// FailAfterBatch fires after a batch committed and before its events
+	// were published.
+	FailAfterBatch = "compensator.after-batch"
+	// FailAfterRefund fires after the provider refunded a charge and
+	// before the refund was recorded.
+	FailAfterRefund = "compensator.after-refund"
+)
+
+// Action kinds (compensator_actions.action, and the label of
+// metrics.CompensatorActions).
+const (
+	KindRedrive = "redrive"
+	KindUnwind  = "unwind"
+	KindRefund  = "refund"
+	KindSkip    = "skip"
+)
+
+// Provider is what the compensator needs of the payment provider
+// (psp.Client implements it).
+type Provider interface {
+	Charge(ctx context.Context, key, amount, currency, reference string) (psp.Answer, error)
+	Refund(ctx context.Context, key, chargeID string) (psp.Answer, error)
+}
+
+// Action is one thing the compensator did (or, in a dry run, would do) to
+// an order.
+type Action struct {
+	OrderID uuid.UUID
+	// Kind is KindRedrive, KindUnwind, KindRefund or KindSkip.
+	Kind string
+	// From is the order's status when the compensator acted.
+	From order.Status
+	// Attempt is the re-drive number (for an unwind, the re-drives spent).
+	Attempt int
+	// Reason says why.
+	Reason string
+	// DryRun marks an action that was not taken.
+	DryRun bool
+}
+
+// String is the one line that `compensator --once` prints per action.
+func (a Action) String() string {
+	kind := a.Kind
+	if a.DryRun {
+		kind = "would-" + kind
+	}
+	return fmt.Sprintf("%-13s %s %-10s attempt=%d %s", kind, a.OrderID, a.From, a.Attempt, a.Reason)
+}
+
+// Result is what one pass found and did.
+type Result struct {
+	// Stuck counts the orders past their deadline per open status when
+	// the pass began.
+	Stuck map[order.Status]int
+	// OldestOpen is the age of the oldest non-terminal order (0: none).
+	OldestOpen time.Duration
+	// Redriven, Unwound, Refunded and Skipped count the actions (would-be
+	// actions in a dry run).
+	Redriven, Unwound, Refunded, Skipped int
+	// Republished counts outbox rows published again (in a dry run: rows
+	// that are due).
+	Republished int
+	// Swept counts processed_messages rows deleted (in a dry run: due).
+	Swept int64
+	// Actions lists every action, in the order taken.
+	Actions []Action
+	// DryRun marks a pass that wrote nothing.
+	DryRun bool
+	// Took is how long the pass ran.
+	Took time.Duration
+}
+
+// Summary is the one-line summary that `compensator --once` prints.
+func (r Result) Summary() string {
+	var stuck []string
+	for _, s := range openStatuses {
+		stuck = append(stuck, fmt.Sprintf("%s=%d", s, r.Stuck[s]))
+	}
+	prefix := "pass"
+	if r.DryRun {
+		prefix = "dry run (nothing changed)"
+	}
+	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d; outbox republished %d; dedupe rows swept %d; oldest open order %s; took %s",
+		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Republished, r.Swept,
+		r.OldestOpen.Round(time.Second), r.Took.Round(time.Millisecond))
+}
+
+func (r *Result) add(a Action) {
+	r.Actions = append(r.Actions, a)
+	switch a.Kind {
+	case KindRedrive:
+		r.Redriven++
+	case KindUnwind:
+		r.Unwound++
+	case KindRefund:
+		r.Refunded++
+	case KindSkip:
+		r.Skipped++
+	}
+}
+
+// Compensator runs passes over stuck orders.
+type Compensator struct {
+	cfg      Config
+	pool     *pgxpool.Pool
+	relay    *outbox.Relay
+	provider Provider
+	logger   *slog.Logger
+	// OnAction, if set, is called with each action as it is taken (after
+	// its commit), e.g. to print it.
+	OnAction func(Action)
+}
+
+// New validates cfg and returns a compensator. relay publishes re-drive and
+// cancellation events; provider may be nil, in which case refunds stay due
+// (and are reported) until a compensator with a provider runs.
+func New(cfg Config, pool *pgxpool.Pool, relay *outbox.Relay, provider Provider, logger *slog.Logger) (*Compensator, error) {
+	cfg, err := cfg.Validate()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Compensator{cfg: cfg, pool: pool, relay: relay, provider: provider, logger: logger}, nil
+}
+
+// Config returns the validated configuration.
+func (c *Compensator) Config() Config { return c.cfg }
+
+// Run makes a pass at once and then every Interval until ctx ends. A
+// failed pass is logged and the next one tries again.
+func (c *Compensator) Run(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	for {
+		res, err := c.RunOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			c.logger.Warn("compensator pass", slog.Any("error", err), slog.String("summary", res.Summary()))
+		} else if len(res.Actions) > 0 || res.Republished > 0 || res.Swept > 0 {
+			c.logger.Info("compensator pass", slog.String("summary", res.Summary()))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// RunOnce makes one pass: measure, re-drive or unwind the stuck orders,
+// refund what unwinds left due, publish stale outbox rows, sweep expired
+// dedupe rows. A step that fails does not stop the others; the errors are
+// returned together.
+func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
+	t0 := time.Now()
+	if c.cfg.DryRun {
+		res, err := c.dryRun(ctx)
+		res.Took = time.Since(t0)
+		return res, err
+	}
+	res := Result{}
+	var errs []error
+	if err := c.measure(ctx, c.pool, &res); err != nil {
+		errs = append(errs, err)
+	}
+	if ctx.Err() == nil {
+		if err := c.scan(ctx, &res); err != nil {
+			errs = append(errs, err)
+			if errors.Is(err, failpoint.ErrInjected) {
+				// A simulated crash ends the pass there.
+				res.Took = time.Since(t0)
+				return res, errors.Join(errs...)
+			}
+		}
+	}
+	if ctx.Err() == nil {
+		if err := c.refunds(ctx, &res); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if ctx.Err() == nil {
+		if err := c.republish(ctx, &res); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if ctx.Err() == nil {
+		if err := c.sweep(ctx, &res); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	res.Took = time.Since(t0)
+	return res, errors.Join(errs...)
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// stuckExpr is true for an open order past its deadline; $1, $2, $3 are the
+// deadlines of processing, reserved and paid in seconds.
+const stuckExpr = `greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)) <= now() - make_interval(secs => CASE o.status WHEN 'processing' THEN $1::float8 WHEN 'reserved' THEN $2::float8 ELSE $3::float8 END)`
+
+func (c *Compensator) deadlineArgs() []any {
+	return []any{c.cfg.StuckProcessing.Seconds(), c.cfg.StuckReserved.Seconds(), c.cfg.StuckPaid.Seconds()}
+}
+
+// measure counts stuck orders per state and the age of the oldest open one,
+// and sets the gauges.
+func (c *Compensator) measure(ctx context.Context, q querier, res *Result) error {
+	res.Stuck = map[order.Status]int{}
+	rows, err := q.Query(ctx, `
+		SELECT o.status, count(*) FILTER (WHERE `+stuckExpr+`),
+		       coalesce(extract(epoch FROM now() - min(o.created_at)), 0)::float8
+		FROM orders o WHERE o.status IN ('processing', 'reserved', 'paid')
+		GROUP BY o.status`, c.deadlineArgs()...)
+	if err != nil {
+		return fmt.Errorf("count stuck orders: %w", err)
+	}
+	defer rows.Close()
+	var oldest float64
+	for rows.Next() {
+		var s string
+		var n int
+		var age float64
+		if err := rows.Scan(&s, &n, &age); err != nil {
+			return fmt.Errorf("count stuck orders: %w", err)
+		}
+		res.Stuck[order.Status(s)] = n
+		oldest = max(oldest, age)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("count stuck orders: %w", err)
+	}
+	res.OldestOpen = time.Duration(oldest * float64(time.Second))
+	if !res.DryRun {
+		for _, s := range openStatuses {
+			metrics.StuckOrders.WithLabelValues(string(s)).Set(float64(res.Stuck[s]))
+		}
+		metrics.OldestOpenOrderAge.Set(oldest)
+	}
+	return nil
+}
+
+// stuckOrder is a claimed order as the compensator read it.
+type stuckOrder struct {
+	ID        uuid.UUID
+	Status    order.Status
+	ClientID  uuid.UUID
+	RequestID string
+	// Attempts and RedriveStatus are the columns as read (for the
+	// compare-and-set); Attempt is the count for the current status.
+	Attempts      int
+	RedriveStatus *string
+	Since         time.Time
+	EnteredAt     time.Time
+	Age           time.Duration
+}
+
+// attempt returns the re-drives already spent in the current status.
+func (o stuckOrder) attempt() int {
+	if o.RedriveStatus != nil && *o.RedriveStatus == string(o.Status) {
+		return o.Attempts
+	}
+	return 0
+}
+
+// selectStuck reads up to limit stuck orders after cursor; lock adds FOR
+// UPDATE SKIP LOCKED.
+func (c *Compensator) selectStuck(ctx context.Context, q querier, cursor uuid.UUID, limit int, lock bool) ([]stuckOrder, error) {
+	sql := `
+		SELECT o.order_id, o.status, o.client_id, o.request_id, o.redrive_attempts, o.redrive_status,
+		       greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)), o.updated_at,
+		       extract(epoch FROM now() - greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)))::float8
+		FROM orders o
+		WHERE o.status IN ('processing', 'reserved', 'paid') AND o.order_id > $4 AND ` + stuckExpr + `
+		ORDER BY o.order_id
+		LIMIT $5`
+	if lock {
+		sql += ` FOR UPDATE SKIP LOCKED`
+	}
+	rows, err := q.Query(ctx, sql, append(c.deadlineArgs(), cursor, limit)...)
+	if err != nil {
+		return nil, fmt.Errorf("select stuck orders: %w", err)
+	}
+	defer rows.Close()
+	var out []stuckOrder
+	for rows.Next() {
+		var o stuckOrder
+		var s string
+		var age float64
+		if err := rows.Scan(&o.ID, &s, &o.ClientID, &o.RequestID, &o.Attempts, &o.RedriveStatus, &o.Since, &o.EnteredAt, &age); err != nil {
+			return nil, fmt.Errorf("select stuck orders: %w", err)
+		}
+		o.Status = order.Status(s)
+		o.Age = time.Duration(age * float64(time.Second))
+		out = append(out, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("select stuck orders: %w", err)
+	}
+	return out, nil
+}
+
+// scan walks the stuck orders in keyset batches, one transaction each.
+func (c *Compensator) scan(ctx context.Context, res *Result) error {
+	cursor := uuid.Nil
+	var errs []error
+	for {
+		n, last, err := c.batch(ctx, cursor, res)
+		if err != nil {
+			errs = append(errs, err)
+			// A batch that did not commit stops the pass rather than loop
+			// on it; so does an injected crash.
+			if n == 0 || ctx.Err() != nil || errors.Is(err, failpoint.ErrInjected) {
+				// The batch did not commit: stop rather than loop on it.
+				break
+			}
+		}
+		if n < c.cfg.BatchSize {
+			break
+		}
+		cursor = last
+	}
+	return errors.Join(errs...)
+}
+
+// batch claims one batch after cursor and acts on each order in it. It
+// returns how many orders it claimed and the last one's id.
+func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) (int, uuid.UUID, error) {
+	var (
+		claimed   []stuckOrder
+		actions   []Action
+		outboxIDs []int64
+		orderErrs []error
+	)
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		claimed, err = c.selectStuck(ctx, tx, cursor, c.cfg.BatchSize, true)
+		if err != nil {
+			return err
+		}
+		for _, o := range claimed {
+			// A savepoint per order: one order's failure does not undo
+			// the others'.
+			var a Action
+			var oid int64
+			err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				var err error
+				if o.attempt() < c.cfg.Attempts() {
+					a, oid, err = c.redrive(ctx, sp, o)
+				} else {
+					a, oid, err = c.unwind(ctx, sp, o)
+				}
+				if err == nil && a.Kind == KindSkip {
+					return errSkip
+				}
+				return err
+			})
+			switch {
+			case errors.Is(err, errSkip):
+			case err != nil:
+				if ctx.Err() != nil {
+					return err
+				}
+				orderErrs = append(orderErrs, err)
+				continue
+			default:
+				if oid != 0 {
+					outboxIDs = append(outboxIDs, oid)
+				}
+			}
+			actions = append(actions, a)
+			if err := failpoint.Inject(FailMidPass); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, uuid.Nil, fmt.Errorf("compensator batch after %s: %w", cursor, err)
+	}
+	for _, a := range actions {
+		res.add(a)
+		metrics.CompensatorActions.WithLabelValues(a.Kind).Inc()
+		if a.Kind == KindUnwind {
+			metrics.OrdersFinished.WithLabelValues(string(order.StatusCancelled)).Inc()
+		}
+		c.logAction(a)
+	}
+	var errs []error
+	errs = append(errs, orderErrs...)
+	if err := failpoint.Inject(FailAfterBatch); err != nil {
+		errs = append(errs, err)
+	} else if err := c.relay.Publish(ctx, outboxIDs...); err != nil {
+		// The rows stay pending; the relay or the next pass publishes them.
+		c.logger.Warn("publish compensator events; they stay in the outbox", slog.Any("error", err))
+	}
+	last := uuid.Nil
+	if len(claimed) > 0 {
+		last = claimed[len(claimed)-1].ID
+	}
+	return len(claimed), last, errors.Join(errs...)
+}
+
+var errSkip = errors.New("skip")
+
+func (c *Compensator) logAction(a Action) {
+	if c.OnAction != nil {
+		c.OnAction(a)
+	}
+	c.logger.Info("compensator action", slog.String("action", a.Kind), slog.String("order_id", a.OrderID.String()),
+		slog.String("from_status", string(a.From)), slog.Int("attempt", a.Attempt), slog.String("reason", a.Reason),
+		slog.Bool("dry_run", a.DryRun))
+}
+
+// claimCAS is the compare-and-set on what the compensator read: it fails
+// (0 rows) when a consumer or another compensator changed the order since.
+const claimCAS = `
+	UPDATE orders SET redrive_attempts = $5, redrive_status = $2, redriven_at = now()
+	WHERE order_id = $1 AND status = $2 AND redrive_attempts = $3 AND redrive_status IS NOT DISTINCT FROM $4`
+
+// redrive re-publishes the event of o's current status with the next
+// re-drive number, in tx.
+func (c *Compensator) redrive(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, int64, error) {
+	attempt := o.attempt() + 1
+	a := Action{OrderID: o.ID, Kind: KindRedrive, From: o.Status, Attempt: attempt,
+		Reason: fmt.Sprintf("no progress in %s for %s (deadline %s); re-drive %d of %d",
+			o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), attempt, c.cfg.Attempts())}
+	tag, err := tx.Exec(ctx, claimCAS, o.ID, string(o.Status), o.Attempts, o.RedriveStatus, attempt)
+	if err != nil {
+		return a, 0, fmt.Errorf("re-drive order %s: %w", o.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return c.skip(o, "the order changed since it was read"), 0, nil
+	}
+	var reason *string
+	if err := tx.QueryRow(ctx, `SELECT reason FROM orders WHERE order_id = $1`, o.ID).Scan(&reason); err != nil {
+		return a, 0, fmt.Errorf("re-drive order %s: %w", o.ID, err)
+	}
+	e := orderevent.Event{
+		Version:    orderevent.Version,
+		Name:       orderevent.ForStatus(o.Status),
+		OrderID:    o.ID,
+		ClientID:   o.ClientID,
+		RequestID:  o.RequestID,
+		Status:     o.Status,
+		OccurredAt: o.EnteredAt.UTC(),
+		Redrive:    attempt,
+	}
+	if reason != nil {
+		e.Reason = *reason
+	}
+	oid, err := outbox.Enqueue(ctx, tx, e)
+	if err != nil {
+		return a, 0, fmt.Errorf("re-drive order %s: %w", o.ID, err)
+	}
+	a.Reason += "; published " + e.MsgID()
+	if err := c.record(ctx, tx, a); err != nil {
+		return a, 0, err
+	}
+	return a, oid, nil
+}
+
+// unwind undoes what was done for o and cancels it, in tx: stock released,
+// a refund of any charge recorded as due (the provider is called after the
+// commit), the order moved to cancelled if it is still where it was read.
+func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, int64, error) {
+	spent := o.attempt()
+	a := Action{OrderID: o.ID, Kind: KindUnwind, From: o.Status, Attempt: spent}
+	tag, err := tx.Exec(ctx, claimCAS, o.ID, string(o.Status), o.Attempts, o.RedriveStatus, o.Attempts)
+	if err != nil {
+		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return c.skip(o, "the order changed since it was read"), 0, nil
+	}
+	released, err := releaseStock(ctx, tx, o.ID)
+	if err != nil {
+		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
+	}
+	refund, err := markRefundDue(ctx, tx, o.ID)
+	if err != nil {
+		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
+	}
+	public := fmt.Sprintf("not completed in time: no progress in %s after %d re-drives", o.Status, spent)
+	moved, err := orderstore.Transition(ctx, tx, o.ID, o.Status, order.StatusCancelled, public)
+	if err != nil {
+		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
+	}
+	if !moved.OK {
+		// Cannot happen while the row is locked and the CAS held; if it
+		// does, the consumer won and we do nothing.
+		return c.skip(o, fmt.Sprintf("the order is %s now", moved.Current)), 0, nil
+	}
+	a.Reason = fmt.Sprintf("no progress in %s for %s (deadline %s) after %d re-drives; released %d reservation(s); %s",
+		o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), spent, released, refund)
+	if err := c.record(ctx, tx, a); err != nil {
+		return a, 0, err
+	}
+	return a, moved.OutboxID, nil
+}
+
+func (c *Compensator) skip(o stuckOrder, why string) Action {
+	return Action{OrderID: o.ID, Kind: KindSkip, From: o.Status, Attempt: o.attempt(), Reason: why}
+}
+
+// record writes a to compensator_actions.
+func (c *Compensator) record(ctx context.Context, tx pgx.Tx, a Action) error {
+	_, err := tx.Exec(ctx, `INSERT INTO compensator_actions (order_id, action, from_status, attempt, reason, actor) VALUES ($1, $2, $3, $4, $5, $6)`,
+		a.OrderID, a.Kind, string(a.From), a.Attempt, a.Reason, c.cfg.Actor)
+	if err != nil {
+		return fmt.Errorf("record %s of order %s: %w", a.Kind, a.OrderID, err)
+	}
+	return nil
+}
+
+// republish publishes outbox rows pending for longer than OutboxMinAge.
+func (c *Compensator) republish(ctx context.Context, res *Result) error {
+	for range 100 { // bounded: at most 100 relay batches per pass
+		n, err := c.relay.PublishPending(ctx, c.cfg.OutboxMinAge)
+		res.Republished += n
+		if err != nil {
+			return fmt.Errorf("publish pending outbox rows: %w", err)
+		}
+		if n == 0 || (c.relay.Batch > 0 && n < c.relay.Batch) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// sweep deletes processed_messages rows older than the retention, in
+// batches.
+func (c *Compensator) sweep(ctx context.Context, res *Result) error {
+	for {
+		tag, err := c.pool.Exec(ctx, `
+			DELETE FROM processed_messages WHERE ctid = ANY (ARRAY(
+				SELECT ctid FROM processed_messages
+				WHERE processed_at < now() - make_interval(secs => $1::float8)
+				LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.DedupeRetention.Seconds(), 5000)
+		if err != nil {
+			return fmt.Errorf("sweep expired dedupe rows: %w", err)
+		}
+		res.Swept += tag.RowsAffected()
+		if tag.RowsAffected() < 5000 {
+			return nil
+		}
+	}
+}

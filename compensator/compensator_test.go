@@ -1,0 +1,520 @@
+package compensator_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"orderpipe/compensator"
+	"orderpipe/shared/failpoint"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderstore"
+	"orderpipe/shared/psp"
+	"orderpipe/shared/testenv"
+)
+
+func TestConfigRefusesWindowsThatDoNotFit(t *testing.T) {
+	t.Parallel()
+	good := compensator.Config{ConsumerHorizon: 2 * time.Minute}
+	if _, err := good.Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	cases := []struct {
+		name string
+		cfg  compensator.Config
+		want string
+	}{
+		{"deadline inside the consumers' horizon", compensator.Config{ConsumerHorizon: 20 * time.Minute}, "longer than the consumers' redelivery horizon"},
+		{"one state's deadline too short", compensator.Config{StuckPaid: time.Minute, ConsumerHorizon: 2 * time.Minute, Interval: time.Second}, "stuck deadline of paid (1m0s)"},
+		{"negative deadline", compensator.Config{StuckReserved: -time.Second}, "stuck deadline of reserved must be positive"},
+		{"retention shorter than the duplicate window", compensator.Config{DedupeRetention: time.Hour}, "dedupe retention (1h0m0s) must be at least"},
+		{"retention shorter than the open horizon", compensator.Config{StuckProcessing: 10 * time.Hour, Interval: time.Minute, DedupeRetention: 24 * time.Hour}, "longest an order stays open"},
+		{"interval longer than a deadline", compensator.Config{Interval: time.Hour}, "interval (1h0m0s) must not be longer"},
+		{"outbox age past the deadline", compensator.Config{OutboxMinAge: time.Hour}, "outbox minimum age"},
+		{"too many attempts", compensator.Config{MaxAttempts: 1000}, "max attempts"},
+		{"negative attempts", compensator.Config{MaxAttempts: -5}, "max attempts"},
+		{"batch", compensator.Config{BatchSize: -1}, "batch size"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := c.cfg.Validate()
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error containing %q", err, c.want)
+			}
+			if !strings.Contains(err.Error(), "does not fit") {
+				t.Fatalf("error does not say what is wrong: %v", err)
+			}
+		})
+	}
+	if _, err := (compensator.Config{MaxAttempts: compensator.NoRedrive}).Validate(); err != nil {
+		t.Fatalf("NoRedrive: %v", err)
+	}
+}
+
+func TestRedrivePublishesTheCurrentEventWithAFreshMsgID(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	id := w.newOrder(spec{status: order.StatusProcessing})
+	fresh := w.newOrder(spec{status: order.StatusProcessing}) // not past its deadline
+	c := w.comp(w.cfg(3), w.psp)
+
+	if res := w.pass(c); res.Redriven != 0 || len(res.Actions) != 0 {
+		t.Fatalf("nothing is stuck yet, got %+v", res)
+	}
+	w.age(id)
+	res := w.pass(c)
+	if res.Redriven != 1 || res.Stuck[order.StatusProcessing] != 1 || len(res.Actions) != 1 || res.Actions[0].OrderID != id {
+		t.Fatalf("first pass: %+v", res)
+	}
+	if a := res.Actions[0]; a.Kind != compensator.KindRedrive || a.Attempt != 1 || a.From != order.StatusProcessing {
+		t.Fatalf("action: %+v", a)
+	}
+	// Re-driven: not stuck again until its deadline passes again.
+	if res := w.pass(c); res.Redriven != 0 {
+		t.Fatalf("second pass right after: %+v", res)
+	}
+	w.age(id)
+	if res := w.pass(c); res.Redriven != 1 || res.Actions[0].Attempt != 2 {
+		t.Fatalf("third pass: %+v", res)
+	}
+	want := []string{id.String() + ":accepted", id.String() + ":accepted:r1", id.String() + ":accepted:r2"}
+	testenv.WaitFor(t, 5*time.Second, "re-drives in the stream", func() bool { return slices.Equal(w.msgIDs(id), want) })
+	if got := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1 AND action = 'redrive'`, id); got != 2 {
+		t.Fatalf("recorded re-drives: %d", got)
+	}
+	var actor, reason string
+	if err := w.db.Pool.QueryRow(ctx, `SELECT actor, reason FROM compensator_actions WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, id).Scan(&actor, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if actor != c.Config().Actor || !strings.Contains(reason, "re-drive 2 of 3") || !strings.Contains(reason, id.String()+":accepted:r2") {
+		t.Fatalf("actor %q reason %q", actor, reason)
+	}
+	if w.status(id) != order.StatusProcessing || w.status(fresh) != order.StatusProcessing {
+		t.Fatal("a re-drive moved an order")
+	}
+	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 0 {
+		t.Fatalf("%d outbox rows left pending", n)
+	}
+}
+
+func TestRedriveCountsPerStateAndEndsInAnUnwind(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	id := w.newOrder(spec{status: order.StatusProcessing})
+	c := w.comp(w.cfg(1), w.psp)
+	w.age(id)
+	if res := w.pass(c); res.Redriven != 1 {
+		t.Fatalf("%+v", res)
+	}
+	// The order moves on: its re-drive count starts again in reserved.
+	err := pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
+		_, err := orderstore.Transition(ctx, tx, id, order.StatusProcessing, order.StatusReserved, "")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.age(id)
+	res := w.pass(c)
+	if res.Redriven != 1 || res.Actions[0].Attempt != 1 || res.Actions[0].From != order.StatusReserved {
+		t.Fatalf("reserved re-drive: %+v", res)
+	}
+	w.age(id)
+	res = w.pass(c)
+	if res.Unwound != 1 || res.Actions[0].Attempt != 1 {
+		t.Fatalf("unwind: %+v", res)
+	}
+	if w.status(id) != order.StatusCancelled {
+		t.Fatalf("status %s", w.status(id))
+	}
+	if r := w.str(`SELECT reason FROM orders WHERE order_id = $1`, id); !strings.Contains(r, "no progress in reserved after 1 re-drives") {
+		t.Fatalf("reason %q", r)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the cancelled event", func() bool {
+		return slices.Contains(w.msgIDs(id), id.String()+":reserved:r1") && slices.Contains(w.msgIDs(id), id.String()+":cancelled")
+	})
+}
+
+func TestUnwindReleasesStockAndRefundsOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	paid := w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 3, "SKU-2": 1}, payment: "succeeded"})
+	reserved := w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 2}})
+	processing := w.newOrder(spec{status: order.StatusProcessing})
+	if n := w.int(`SELECT available FROM inventory WHERE sku = 'SKU-1'`); n != 95 {
+		t.Fatalf("available %d", n)
+	}
+	c := w.comp(w.cfg(compensator.NoRedrive), w.psp)
+	w.age(paid, reserved, processing)
+	res := w.pass(c)
+	if res.Unwound != 3 || res.Refunded != 1 || res.Redriven != 0 {
+		t.Fatalf("%+v", res)
+	}
+	for _, id := range []uuid.UUID{paid, reserved, processing} {
+		if s := w.status(id); s != order.StatusCancelled {
+			t.Fatalf("order %s is %s", id, s)
+		}
+	}
+	if a, b := w.int(`SELECT available FROM inventory WHERE sku = 'SKU-1'`), w.int(`SELECT available FROM inventory WHERE sku = 'SKU-2'`); a != 100 || b != 100 {
+		t.Fatalf("stock not given back: %d %d", a, b)
+	}
+	if n := w.int(`SELECT count(*) FROM reservations WHERE released_at IS NULL`); n != 0 {
+		t.Fatalf("%d reservations still held", n)
+	}
+	check := func() {
+		t.Helper()
+		if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 1 {
+			t.Fatalf("provider refunds: %d", n)
+		}
+		if s := w.str(`SELECT status || ' ' || refund_key || ' ' || (refund_id IS NOT NULL) FROM payments WHERE order_id = $1`, paid); s != "refunded refund-"+paid.String()+" true" {
+			t.Fatalf("payment: %s", s)
+		}
+		if n := w.int(`SELECT count(*) FROM compensator_actions WHERE action = 'unwind'`); n != 3 {
+			t.Fatalf("unwinds recorded: %d", n)
+		}
+		if n := w.int(`SELECT count(*) FROM compensator_actions WHERE action = 'refund' AND order_id = $1`, paid); n != 1 {
+			t.Fatalf("refunds recorded: %d", n)
+		}
+		if n := w.int(`SELECT count(*) FROM order_events WHERE status = 'cancelled'`); n != 3 {
+			t.Fatalf("cancelled history rows: %d", n)
+		}
+	}
+	check()
+	// Again, and again after the orders look old: nothing more happens.
+	w.age(paid, reserved, processing)
+	if res := w.pass(c); len(res.Actions) != 0 {
+		t.Fatalf("second pass acted: %+v", res.Actions)
+	}
+	check()
+	testenv.WaitFor(t, 5*time.Second, "the cancelled event", func() bool {
+		return slices.Contains(w.msgIDs(paid), paid.String()+":cancelled")
+	})
+}
+
+// A crash after the provider refunded and before the refund was recorded:
+// the next pass asks again with the same key and records the first refund.
+func TestRefundCrashBetweenProviderAndRecord(t *testing.T) {
+	w := newWorld(t)
+	id := w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"})
+	c := w.comp(w.cfg(compensator.NoRedrive), w.psp)
+	w.age(id)
+	disable := failpoint.Enable(compensator.FailAfterRefund, 1)
+	res, err := c.RunOnce(context.Background())
+	disable()
+	if !errors.Is(err, failpoint.ErrInjected) || res.Unwound != 1 || res.Refunded != 0 {
+		t.Fatalf("crashing pass: %+v %v", res, err)
+	}
+	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "succeeded" {
+		t.Fatalf("payment %s", s)
+	}
+	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 1 {
+		t.Fatalf("provider refunds after the crash: %d", n)
+	}
+	res = w.pass(c)
+	if res.Refunded != 1 || res.Unwound != 0 {
+		t.Fatalf("second pass: %+v", res)
+	}
+	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 1 {
+		t.Fatalf("provider refunds: %d", n)
+	}
+	if s := w.str(`SELECT status || ' ' || refund_id FROM payments WHERE order_id = $1`, id); s != "refunded "+w.str(`SELECT refund_id FROM psp_refunds`) {
+		t.Fatalf("payment %s", s)
+	}
+}
+
+// The provider is down when an order whose charge outcome is unknown is
+// unwound: the order is cancelled at once, the refund stays due, and once
+// the provider is back the charge is resolved and refunded, once.
+func TestProviderDownDuringUnwind(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	id := w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}, payment: "pending"})
+	down := psp.NewClient("http://127.0.0.1:1", time.Second)
+	w.age(id)
+	res, err := w.comp(w.cfg(compensator.NoRedrive), down).RunOnce(context.Background())
+	if err == nil || !psp.IsTransient(err) || res.Unwound != 1 {
+		t.Fatalf("pass with the provider down: %+v %v", res, err)
+	}
+	if w.status(id) != order.StatusCancelled || w.int(`SELECT available FROM inventory WHERE sku = 'SKU-1'`) != 100 {
+		t.Fatal("not unwound")
+	}
+	if s := w.str(`SELECT status || ' ' || refund_key FROM payments WHERE order_id = $1`, id); s != "pending refund-"+id.String() {
+		t.Fatalf("refund intent: %s", s)
+	}
+	// No provider at all: the refund stays due and the pass says so.
+	if _, err := w.comp(w.cfg(compensator.NoRedrive), nil).RunOnce(context.Background()); err == nil || !strings.Contains(err.Error(), "no payment provider") {
+		t.Fatalf("without provider: %v", err)
+	}
+	res = w.pass(w.comp(w.cfg(compensator.NoRedrive), w.psp))
+	if res.Refunded != 1 {
+		t.Fatalf("%+v", res)
+	}
+	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 1 {
+		t.Fatalf("refunds %d", n)
+	}
+	if n := w.int(`SELECT count(*) FROM psp_charges`); n != 1 {
+		t.Fatalf("charges %d", n)
+	}
+	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "refunded" {
+		t.Fatalf("payment %s", s)
+	}
+}
+
+// The compensator dies in the middle of a pass (after the first batch
+// committed, inside the second) and runs again: every order is acted on
+// exactly once.
+func TestKilledMidPassThenRunAgain(t *testing.T) {
+	w := newWorld(t)
+	var ids []uuid.UUID
+	for range 7 {
+		ids = append(ids, w.newOrder(spec{status: order.StatusProcessing}))
+	}
+	w.age(ids...)
+	cfg := w.cfg(3)
+	cfg.BatchSize = 3
+	c := w.comp(cfg, w.psp)
+	disable := failpoint.Enable(compensator.FailMidPass, 5) // second order of the second batch
+	res, err := c.RunOnce(context.Background())
+	disable()
+	if !errors.Is(err, failpoint.ErrInjected) {
+		t.Fatalf("pass: %v", err)
+	}
+	if res.Redriven != 3 {
+		t.Fatalf("first batch: %+v", res)
+	}
+	if n := w.int(`SELECT count(*) FROM compensator_actions`); n != 3 {
+		t.Fatalf("actions after the crash: %d", n)
+	}
+	// And one that dies after its batch committed, before publishing.
+	disable = failpoint.Enable(compensator.FailAfterBatch, 1)
+	res, err = c.RunOnce(context.Background())
+	disable()
+	if !errors.Is(err, failpoint.ErrInjected) || res.Redriven != 3 {
+		t.Fatalf("second pass: %+v %v", res, err)
+	}
+	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 3 {
+		t.Fatalf("%d events pending after the second crash, want 3", n)
+	}
+	res = w.pass(c)
+	if res.Redriven != 1 || res.Republished != 3 {
+		t.Fatalf("third pass: %+v", res)
+	}
+	for _, id := range ids {
+		if n := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1`, id); n != 1 {
+			t.Fatalf("order %s acted on %d times", id, n)
+		}
+		if n := w.int(`SELECT redrive_attempts FROM orders WHERE order_id = $1`, id); n != 1 {
+			t.Fatalf("order %s attempts %d", id, n)
+		}
+	}
+	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 0 {
+		t.Fatalf("%d events left unpublished", n)
+	}
+	testenv.WaitFor(t, 5*time.Second, "every re-drive in the stream", func() bool {
+		for _, id := range ids {
+			if !slices.Contains(w.msgIDs(id), id.String()+":accepted:r1") {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	redrive := w.newOrder(spec{status: order.StatusProcessing})
+	unwind := w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 2}, payment: "succeeded"})
+	w.newOrder(spec{status: order.StatusReserved}) // not stuck
+	w.age(redrive, unwind)
+	w.exec(`UPDATE orders SET redrive_attempts = 3, redrive_status = 'paid' WHERE order_id = $1`, unwind)
+	// A cancelled order with a charge left to refund, an outbox row left
+	// pending, and an expired dedupe row.
+	due := w.newOrder(spec{status: order.StatusPaid, payment: "succeeded"})
+	err := pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
+		_, err := orderstore.Transition(ctx, tx, due, order.StatusPaid, order.StatusCancelled, "test")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.exec(`INSERT INTO processed_messages (consumer, message_id, processed_at) VALUES ('x', 'old', now() - interval '30 days'), ('x', 'new', now())`)
+
+	before := dump(t, w.db.Pool)
+	msgs := streamMsgs(t, w.nats.JS, w.nats.Topology.Stream)
+	cfg := w.cfg(3)
+	cfg.DryRun = true
+	c := w.comp(cfg, w.psp)
+	var printed []string
+	c.OnAction = func(a compensator.Action) { printed = append(printed, a.String()) }
+	res := w.pass(c)
+	if !res.DryRun || res.Redriven != 1 || res.Unwound != 1 || res.Refunded != 1 || res.Republished != 1 || res.Swept != 1 {
+		t.Fatalf("dry run: %+v", res)
+	}
+	if len(printed) != 3 || !strings.HasPrefix(printed[0], "would-") || !strings.Contains(res.Summary(), "nothing changed") {
+		t.Fatalf("printed %q, summary %q", printed, res.Summary())
+	}
+	if !strings.Contains(printed[1], "would refund charge") || !strings.Contains(printed[1], "would release 1 reservation") {
+		t.Fatalf("unwind line %q", printed[1])
+	}
+	after := dump(t, w.db.Pool)
+	for tb, d := range before {
+		if after[tb] != d {
+			t.Errorf("table %s changed: %s → %s", tb, d, after[tb])
+		}
+	}
+	if len(before) < 10 || len(after) != len(before) {
+		t.Fatalf("tables: %d before, %d after", len(before), len(after))
+	}
+	if got := streamMsgs(t, w.nats.JS, w.nats.Topology.Stream); got != msgs {
+		t.Fatalf("stream messages %d → %d", msgs, got)
+	}
+}
+
+// Two compensators and a consumer racing on the same orders: every order
+// ends either confirmed by the consumer (and untouched by the
+// compensators) or cancelled once, with its charge refunded once.
+func TestTwoCompensatorsAndARacingConsumer(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	const n = 24
+	var ids []uuid.UUID
+	for range n {
+		ids = append(ids, w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"}))
+	}
+	w.age(ids...)
+	cfg := w.cfg(compensator.NoRedrive)
+	cfg.BatchSize = 4
+	a, b := w.comp(cfg, w.psp), w.comp(cfg, w.psp)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for _, c := range []*compensator.Compensator{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 3 {
+				if _, err := c.RunOnce(ctx); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	// The consumer confirms every other order, as fast as it can.
+	confirmed := map[uuid.UUID]bool{}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < n; i += 2 {
+			var moved orderstore.Moved
+			err := pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
+				var err error
+				moved, err = orderstore.Transition(ctx, tx, ids[i], order.StatusPaid, order.StatusConfirmed, "")
+				return err
+			})
+			if err != nil {
+				errs <- err
+				continue
+			}
+			if moved.OK {
+				confirmed[ids[i]] = true
+			}
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("racer: %v", err)
+	}
+	refunds := 0
+	for _, id := range ids {
+		unwinds := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1 AND action = 'unwind'`, id)
+		refunded := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1 AND action = 'refund'`, id)
+		pay := w.str(`SELECT status FROM payments WHERE order_id = $1`, id)
+		switch s := w.status(id); {
+		case s == order.StatusConfirmed && confirmed[id]:
+			if unwinds != 0 || refunded != 0 || pay != "succeeded" {
+				t.Errorf("confirmed order %s: unwinds %d refunds %d payment %s", id, unwinds, refunded, pay)
+			}
+		case s == order.StatusCancelled && !confirmed[id]:
+			refunds++
+			if unwinds != 1 || refunded != 1 || pay != "refunded" {
+				t.Errorf("cancelled order %s: unwinds %d refunds %d payment %s", id, unwinds, refunded, pay)
+			}
+		default:
+			t.Errorf("order %s is %s (confirmed by the consumer: %v)", id, s, confirmed[id])
+		}
+	}
+	if got := w.int(`SELECT count(*) FROM psp_refunds`); got != refunds {
+		t.Errorf("provider refunds %d, cancelled orders %d", got, refunds)
+	}
+	if got := w.int(`SELECT count(*) FROM order_events WHERE status = 'cancelled'`); got != refunds {
+		t.Errorf("cancelled history rows %d, want %d", got, refunds)
+	}
+	if got := w.int(`SELECT count(*) FROM compensator_actions WHERE action = 'unwind'`); got+len(confirmed) != n {
+		t.Errorf("unwinds %d + confirmed %d != %d", got, len(confirmed), n)
+	}
+	if avail := w.int(`SELECT available FROM inventory WHERE sku = 'SKU-1'`); avail != 100-len(confirmed) {
+		t.Errorf("available %d, want %d", avail, 100-len(confirmed))
+	}
+	_ = fmt.Sprint()
+}
+
+func TestTwoCompensatorsRedriveOncePerDeadline(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	var ids []uuid.UUID
+	for range 20 {
+		ids = append(ids, w.newOrder(spec{status: order.StatusReserved}))
+	}
+	w.age(ids...)
+	cfg := w.cfg(3)
+	cfg.BatchSize = 3
+	var wg sync.WaitGroup
+	for range 3 {
+		c := w.comp(cfg, w.psp)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.RunOnce(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if n := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1`, id); n != 1 {
+			t.Errorf("order %s re-driven %d times", id, n)
+		}
+	}
+}
+
+func TestDaemonPassesAtOnceAndStops(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	id := w.newOrder(spec{status: order.StatusPaid})
+	w.age(id)
+	c := w.comp(w.cfg(3), w.psp)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	testenv.WaitFor(t, 10*time.Second, "the first pass", func() bool {
+		return w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1`, id) == 1
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
