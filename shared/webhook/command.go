@@ -1,0 +1,176 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"orderpipe/shared/app"
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+	"orderpipe/shared/postgres"
+)
+
+// Environment variables of the delivery worker.
+var (
+	EnvConcurrency = config.Register("ORDERPIPE_WEBHOOK_CONCURRENCY", "most webhook sends in flight per process", "32")
+	EnvPerClient   = config.Register("ORDERPIPE_WEBHOOK_PER_CLIENT", "most webhook sends in flight per client per process (a slow receiver holds no more)", "4")
+	EnvTimeout     = config.Register("ORDERPIPE_WEBHOOK_TIMEOUT", "bound on one webhook request: connect, TLS, send, answer", "10s")
+)
+
+// WorkerFromEnv returns a worker configured from the environment and env's
+// config (AllowPrivateCallbacks).
+func WorkerFromEnv(env *app.Env) (*Worker, error) {
+	conc, err := config.Int(EnvConcurrency, 32, 1)
+	if err != nil {
+		return nil, err
+	}
+	per, err := config.Int(EnvPerClient, 4, 1)
+	if err != nil {
+		return nil, err
+	}
+	timeout, err := config.Duration(EnvTimeout, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{
+		Pool:         env.Pool,
+		Logger:       env.Logger.With("part", "webhooks"),
+		Client:       NewClient(ClientOptions{AllowPrivate: env.Config.AllowPrivateCallbacks, Timeout: timeout}),
+		AllowPrivate: env.Config.AllowPrivateCallbacks,
+		Concurrency:  conc,
+		PerClient:    per,
+		Lease:        2*timeout + 30*time.Second,
+	}, nil
+}
+
+// Start runs a worker from the environment in the background (for the
+// consumers process and `orderpipe dev`); wait returns once ctx ended and
+// the sends in flight were recorded.
+func Start(ctx context.Context, env *app.Env) (wait func() error, err error) {
+	w, err := WorkerFromEnv(env)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return func() error { return <-done }, nil
+}
+
+// Command is `orderpipe webhooks list --order ID | resend WEBHOOK_ID`.
+func Command() cli.Command {
+	return cli.Command{
+		Name:    "webhooks",
+		Summary: "list an order's webhook deliveries with their attempts, or resend one (same webhook-id)",
+		Usage:   "list --order ORDER_ID [--json] | resend WEBHOOK_ID",
+		Env:     []string{config.EnvDatabaseURL},
+		Run: func(ctx context.Context, inv cli.Invocation) error {
+			return runCommand(ctx, inv)
+		},
+	}
+}
+
+func runCommand(ctx context.Context, inv cli.Invocation) error {
+	if len(inv.Args) == 0 {
+		return cli.Usagef("want a subcommand: list or resend")
+	}
+	sub, args := inv.Args[0], inv.Args[1:]
+	switch sub {
+	case "list":
+		fs := flag.NewFlagSet("webhooks list", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		order := fs.String("order", "", "order id (UUID)")
+		asJSON := fs.Bool("json", false, "print JSON, one delivery per line")
+		if err := fs.Parse(args); err != nil {
+			return cli.Usagef("webhooks list: %v", err)
+		}
+		if fs.NArg() > 0 {
+			return cli.Usagef("webhooks list: unexpected argument %q", fs.Arg(0))
+		}
+		if *order == "" {
+			return cli.Usagef("webhooks list: --order is required")
+		}
+		id, err := uuid.Parse(*order)
+		if err != nil {
+			return cli.Usagef("webhooks list: --order %q is not a UUID", *order)
+		}
+		return withPool(ctx, inv, func(q Querier) error {
+			ds, err := List(ctx, q, id)
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				enc := json.NewEncoder(inv.Stdout)
+				for _, d := range ds {
+					if err := enc.Encode(d); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			return printTable(inv.Stdout, ds)
+		})
+	case "resend":
+		if len(args) != 1 {
+			return cli.Usagef("webhooks resend: want exactly one WEBHOOK_ID")
+		}
+		if _, _, err := ParseID(args[0]); err != nil {
+			return cli.Usagef("webhooks resend: %v", err)
+		}
+		return withPool(ctx, inv, func(q Querier) error {
+			d, err := Resend(ctx, q, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(inv.Stdout, "%s queued again for %s (order %s, seq %d)\n", d.WebhookID, d.URL, d.OrderID, d.Seq)
+			return nil
+		})
+	default:
+		return cli.Usagef("unknown subcommand %q: want list or resend", sub)
+	}
+}
+
+func withPool(ctx context.Context, inv cli.Invocation, f func(Querier) error) error {
+	if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
+		return err
+	}
+	pool, err := postgres.Open(ctx, inv.Config.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return f(pool)
+}
+
+func printTable(w io.Writer, ds []Delivery) error {
+	if len(ds) == 0 {
+		_, err := fmt.Fprintln(w, "no webhook deliveries for this order")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WEBHOOK_ID\tSEQ\tSTATUS\tATTEMPTS\tLAST_CODE\tLAST_LATENCY\tNEXT_ATTEMPT\tLAST_ERROR")
+	for _, d := range ds {
+		code, lat, next, lastErr := "-", "-", "-", ""
+		if d.LastStatusCode != nil {
+			code = fmt.Sprint(*d.LastStatusCode)
+		}
+		if d.LastLatencyMS != nil {
+			lat = fmt.Sprintf("%dms", *d.LastLatencyMS)
+		}
+		if d.Status == StatusPending {
+			next = d.NextAttemptAt.UTC().Format(time.RFC3339)
+		}
+		if d.LastError != nil {
+			lastErr = *d.LastError
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", d.WebhookID, d.Seq, d.Status, d.Attempts, code, lat, next, lastErr)
+	}
+	return errors.Join(tw.Flush())
+}

@@ -1,0 +1,257 @@
+package webhook_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"orderpipe/shared/webhook"
+)
+
+func TestPublicAddr(t *testing.T) {
+	t.Parallel()
+	refused := []string{
+		"127.0.0.1", "127.1.2.3", "10.0.0.1", "10.255.255.255", "172.16.0.1", "172.31.255.254",
+		"192.168.0.1", "169.254.169.254", "100.64.0.1", "100.127.255.254", "0.0.0.0", "0.1.2.3",
+		"224.0.0.1", "239.255.255.250", "255.255.255.255", "240.0.0.1", "192.0.2.1", "198.51.100.7",
+		"203.0.113.9", "198.18.0.1", "192.0.0.8",
+		"::1", "::", "fd00::1", "fc00::1", "fe80::1", "ff02::1", "::ffff:127.0.0.1", "::ffff:8.8.8.8",
+		"64:ff9b::a00:1", "2002:a00:1::1", "2001:db8::1", "fec0::1", "100::1",
+	}
+	for _, s := range refused {
+		if webhook.PublicAddr(netip.MustParseAddr(s)) {
+			t.Errorf("PublicAddr(%s) = true, want false", s)
+		}
+	}
+	for _, s := range []string{"8.8.8.8", "1.1.1.1", "93.184.215.14", "172.32.0.1", "100.128.0.1", "2606:4700:4700::1111", "2a00:1450:4001::1"} {
+		if !webhook.PublicAddr(netip.MustParseAddr(s)) {
+			t.Errorf("PublicAddr(%s) = false, want true", s)
+		}
+	}
+	if webhook.PublicAddr(netip.Addr{}) {
+		t.Error("the zero Addr is public")
+	}
+	if webhook.PublicAddr(netip.MustParseAddr("fe80::1%eth0")) {
+		t.Error("a zoned address is public")
+	}
+}
+
+func TestCheckURL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url          string
+		allowPrivate bool
+		ok           bool
+	}{
+		{"https://shop.example/hooks/orders", false, true},
+		{"https://shop.example:8443/h?x=1", false, true},
+		{"https://8.8.8.8/h", false, true},
+		{"http://shop.example/h", false, false},
+		{"http://shop.example/h", true, true},
+		{"http://127.0.0.1:9/h", true, true},
+		{"ftp://shop.example/h", true, false},
+		{"https://127.0.0.1/h", false, false},
+		{"https://10.1.2.3/h", false, false},
+		{"https://[::1]/h", false, false},
+		{"https://[::ffff:10.0.0.1]/h", false, false},
+		{"https://localhost/h", false, false},
+		{"https://LOCALHOST./h", false, false},
+		{"https://a.b.localhost/h", false, false},
+		{"https://user:pw@shop.example/h", false, false},
+		{"https://shop.example/h#frag", false, false},
+		{"https:///nohost", false, false},
+		{"https://:443/h", false, false},
+		{"shop.example/h", false, false},
+		{"", false, false},
+		{"https://shop.example/" + strings.Repeat("a", 2100), false, false},
+		{"https://shop example/h", false, false},
+		{"https://%zz/h", false, false},
+		{"mailto:a@b.c", true, false},
+	} {
+		err := webhook.CheckURL(tc.url, tc.allowPrivate)
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckURL(%q, %v) = %v, want ok=%v", tc.url, tc.allowPrivate, err, tc.ok)
+		}
+		if err != nil && !errors.Is(err, webhook.ErrForbiddenURL) && !errors.Is(err, webhook.ErrForbiddenAddress) {
+			t.Errorf("CheckURL(%q): error %v wraps neither sentinel", tc.url, err)
+		}
+	}
+}
+
+func FuzzCheckURL(f *testing.F) {
+	for _, s := range []string{"https://shop.example/h", "http://127.0.0.1/", "https://[::1]:8/", "https://u@h/", "%"} {
+		f.Add(s, false)
+	}
+	f.Fuzz(func(t *testing.T, s string, allow bool) {
+		err := webhook.CheckURL(s, allow)
+		if err == nil && !allow && !strings.HasPrefix(s, "https://") && !strings.HasPrefix(strings.ToLower(s), "https:") {
+			t.Fatalf("CheckURL(%q) accepted a non-https URL", s)
+		}
+	})
+}
+
+// tlsServer starts an HTTPS server on loopback that counts the TCP
+// connections it accepts.
+func tlsServer(t *testing.T, h http.Handler) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv, &conns
+}
+
+func trust(srv *httptest.Server) *tls.Config {
+	return srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+}
+
+// TestDialRefusesNonPublicAddresses sends through the strict client,
+// bypassing CheckURL, so that only the dial-time hook stands in the way. No
+// packet may leave: the live loopback server must see no connection, and
+// every other address is refused before connect (nothing listens there and
+// nothing is sent).
+func TestDialRefusesNonPublicAddresses(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int64
+	srv, conns := tlsServer(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	ps := strconv.Itoa(port)
+	client := webhook.NewClient(webhook.ClientOptions{TLSConfig: trust(srv), Timeout: 5 * time.Second})
+	t.Cleanup(client.CloseIdleConnections)
+	urls := []string{
+		"https://127.0.0.1:" + ps + "/h",
+		"https://localhost:" + ps + "/h", // a name that resolves to loopback
+		"https://[::1]:" + ps + "/h",
+		"https://10.0.0.1/h",
+		"https://10.255.1.2:8443/h",
+		"https://172.16.0.1/h",
+		"https://172.31.9.9/h",
+		"https://192.168.1.1/h",
+		"https://169.254.169.254/latest/meta-data/",
+		"https://100.64.0.1/h",
+		"https://0.0.0.0:" + ps + "/h",
+		"https://[fd00::1]/h",
+		"https://[fe80::1]/h",
+		"https://[::ffff:127.0.0.1]:" + ps + "/h",
+		"https://224.0.0.1/h",
+	}
+	for _, u := range urls {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader("{}"))
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		cancel()
+		if err == nil {
+			_ = resp.Body.Close()
+			t.Errorf("POST %s: got %d, want the dial refused", u, resp.StatusCode)
+			continue
+		}
+		if !errors.Is(err, webhook.ErrForbiddenAddress) {
+			t.Errorf("POST %s: %v, want ErrForbiddenAddress", u, err)
+		}
+	}
+	if n := conns.Load(); n != 0 || hits.Load() != 0 {
+		t.Fatalf("the loopback server saw %d connections and %d requests; want none", n, hits.Load())
+	}
+}
+
+// TestSendRefusesWithoutAllowFlag goes through Send (CheckURL, then the
+// dialer) with the flag off: every private target is refused, permanently.
+func TestSendRefusesWithoutAllowFlag(t *testing.T) {
+	t.Parallel()
+	srv, conns := tlsServer(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	client := webhook.NewClient(webhook.ClientOptions{TLSConfig: trust(srv)})
+	t.Cleanup(client.CloseIdleConnections)
+	for _, u := range []string{
+		srv.URL + "/h", // https://127.0.0.1:port
+		strings.Replace(srv.URL, "127.0.0.1", "localhost", 1) + "/h",
+		"http://8.8.8.8/h", // http is refused before any dial
+		"https://192.168.0.10/h",
+	} {
+		r := webhook.Send(context.Background(), client, false, delivery(u), secret(t))
+		if r.Err == nil || !r.Permanent {
+			t.Errorf("Send(%s) = %+v, want a permanent refusal", u, r)
+		}
+	}
+	if conns.Load() != 0 {
+		t.Fatalf("server saw %d connections", conns.Load())
+	}
+}
+
+func TestRedirectsAreNotFollowed(t *testing.T) {
+	t.Parallel()
+	var targetHits atomic.Int64
+	target, _ := tlsServer(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { targetHits.Add(1) }))
+	// The first hop is a loopback server standing in for a public host
+	// (the allow flag lets the test reach it); its redirect must not be
+	// followed, whatever the target.
+	redirector, _ := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+"/internal", http.StatusTemporaryRedirect)
+	}))
+	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(redirector)})
+	t.Cleanup(client.CloseIdleConnections)
+	r := webhook.Send(context.Background(), client, true, delivery(redirector.URL+"/hook"), secret(t))
+	if r.StatusCode != http.StatusTemporaryRedirect || r.Err == nil || r.Permanent {
+		t.Fatalf("Send = %+v, want a 307 counted as a failed attempt", r)
+	}
+	if targetHits.Load() != 0 {
+		t.Fatal("the redirect was followed")
+	}
+}
+
+func TestResponsesAreTimeAndSizeBounded(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	slow, _ := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release) }) // runs before slow.Close
+	big, _ := tlsServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		chunk := []byte(strings.Repeat("x", 64<<10))
+		for range 1000 { // 64 MiB unless the client hangs up
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(slow), Timeout: 300 * time.Millisecond})
+	t.Cleanup(client.CloseIdleConnections)
+	start := time.Now()
+	r := webhook.Send(context.Background(), client, true, delivery(slow.URL), secret(t))
+	if r.Err == nil || time.Since(start) > 3*time.Second {
+		t.Fatalf("slow receiver: %+v after %s", r, time.Since(start))
+	}
+	client2 := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(big), Timeout: 10 * time.Second})
+	t.Cleanup(client2.CloseIdleConnections)
+	r = webhook.Send(context.Background(), client2, true, delivery(big.URL), secret(t))
+	if r.StatusCode != 200 || r.Err != nil {
+		t.Fatalf("big answer: %+v (the body is read up to the bound and dropped)", r)
+	}
+}
+
+func delivery(url string) webhook.Delivery {
+	id := uuid.New()
+	return webhook.Delivery{WebhookID: webhook.ID(id, 1), OrderID: id, Seq: 1, URL: url, Payload: []byte(`{"type":"order.status_changed"}`)}
+}
