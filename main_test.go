@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"orderpipe/shared/config"
+	"orderpipe/shared/order"
 	"orderpipe/shared/testenv"
 )
 
@@ -305,8 +306,14 @@ func FuzzHealthURL(f *testing.F) {
 			t.Fatalf("healthURL(%q) = %q", addr, got)
 		}
 		host, port, err := net.SplitHostPort(addr)
-		if err != nil || strings.ContainsAny(host, "/?#%@ \t\n\r\x00") || strings.ContainsAny(port, "/?#%@ \t\n\r\x00") {
+		if err != nil {
 			return
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 || strconv.Itoa(n) != port {
+			return // not a port: probe refuses the URL as a usage error
+		}
+		if net.ParseIP(host) == nil && strings.Trim(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != "" {
+			return // not a host name either
 		}
 		u, err := url.Parse(got)
 		if err != nil {
@@ -328,4 +335,49 @@ func closedPort(t *testing.T) int {
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
 	return port
+}
+
+// TestReadmeStateDiagram holds the README's state diagram against the state
+// machine in shared/order: the same moves, no more, no fewer; the initial
+// state and the final ones as the code has them.
+func TestReadmeStateDiagram(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	i := strings.Index(text, "```mermaid\nstateDiagram-v2\n")
+	if i < 0 {
+		t.Fatal("README.md has no ```mermaid stateDiagram-v2 block")
+	}
+	block, _, ok := strings.Cut(text[i+len("```mermaid\nstateDiagram-v2\n"):], "```")
+	if !ok {
+		t.Fatal("README.md's state diagram is not closed")
+	}
+	if !strings.Contains(text, "```mermaid\nflowchart") {
+		t.Error("README.md has no Mermaid diagram of the flow")
+	}
+	drawn := map[[2]string]bool{}
+	for _, line := range strings.Split(block, "\n") {
+		edge, _, _ := strings.Cut(strings.TrimSpace(line), ":")
+		from, to, ok := strings.Cut(edge, "-->")
+		if !ok {
+			continue
+		}
+		drawn[[2]string{strings.TrimSpace(from), strings.TrimSpace(to)}] = true
+	}
+	for _, from := range order.Statuses() {
+		for _, to := range order.Statuses() {
+			if got, want := drawn[[2]string{string(from), string(to)}], order.CanMove(from, to); got != want {
+				t.Errorf("README state diagram: %s --> %s drawn=%v, but order.CanMove=%v", from, to, got, want)
+			}
+		}
+		if got, want := drawn[[2]string{string(from), "[*]"}], from.Terminal(); got != want {
+			t.Errorf("README state diagram: %s final=%v, but Terminal()=%v", from, got, want)
+		}
+		if got, want := drawn[[2]string{"[*]", string(from)}], from == order.StatusProcessing; got != want {
+			t.Errorf("README state diagram: [*] --> %s drawn=%v, want %v", from, got, want)
+		}
+	}
 }
