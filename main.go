@@ -15,11 +15,13 @@ import (
 	"os/signal"
 	"syscall"
 
+	"orderpipe/consumers"
 	"orderpipe/producer"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/devenv"
 	"orderpipe/shared/postgres"
+	"orderpipe/shared/psp"
 	"orderpipe/shared/tenant"
 )
 
@@ -31,6 +33,10 @@ func commands() []cli.Command {
 		producer.Command(),
 		tenant.Command(),
 		probeCommand(),
+		consumers.Command(),
+		consumers.InventoryCommand(),
+		consumers.DLQCommand(),
+		psp.Command(),
 	}
 }
 
@@ -39,6 +45,8 @@ func commands() []cli.Command {
 func devParts() []devenv.Part {
 	return []devenv.Part{
 		producer.DevPart(),
+		psp.DevPart(), // before the consumers: it sets PSP_URL
+		consumers.DevPart(),
 	}
 }
 

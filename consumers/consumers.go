@@ -1,0 +1,307 @@
+// Package consumers runs the pipeline's steps: one Watermill router whose
+// handlers read durable JetStream pull consumers, one per step, named after
+// the step (see consumers/step for what a step is, and consumers/inventory,
+// consumers/payment, consumers/confirm for the steps).
+//
+// At least once in, exactly once out: every message may be delivered many
+// times (redelivery, a republish, a replay, two replicas), and every effect
+// happens once because the step's dedupe row and its effect commit in one
+// PostgreSQL transaction; the order moves by a conditional update; the
+// next event is written to the outbox in that same transaction and
+// published right after the commit (and by the relay that runs beside the
+// router if the process dies in between).
+//
+// Middleware, outermost first: correlation (request and order ids on the
+// context logger), poison (a permanent error, or the last allowed
+// delivery failing, puts the message in the dead_letters table and acks
+// it), retry (a few in-process retries of a transient error with
+// backoff; then the message is nacked and JetStream redelivers it later),
+// recoverer (a panic becomes a permanent error). Watermill's in-memory
+// Deduplicator is not used: it is not atomic with the handler's writes.
+package consumers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+
+	"orderpipe/consumers/step"
+	"orderpipe/shared/app"
+	"orderpipe/shared/failpoint"
+	"orderpipe/shared/metrics"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/outbox"
+)
+
+// Failpoints of the router.
+const (
+	// FailAfterCommit fires after a step's transaction committed and
+	// before its outbox events are published and the message acked.
+	FailAfterCommit = "consumer.after-commit"
+)
+
+// Pipeline is a router with its steps and the outbox relay of the process.
+type Pipeline struct {
+	env    *app.Env
+	cfg    Config
+	router *message.Router
+	relay  *outbox.Relay
+	steps  []step.Step
+	subs   []*subscriber
+}
+
+type loggerKey struct{}
+
+// Logger returns the logger of a message's context (with request_id and
+// order_id), or slog.Default.
+func Logger(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok {
+		return l
+	}
+	return slog.Default()
+}
+
+// Build wires the steps into a router on env. Run starts it.
+func Build(env *app.Env, cfg Config, steps ...step.Step) (*Pipeline, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("consumer config: %w", err)
+	}
+	wlog := watermill.NewSlogLoggerWithLevelMapping(env.Logger.With(slog.String("component", "watermill")), map[slog.Level]slog.Level{
+		slog.LevelInfo: slog.LevelDebug, // Watermill's start/stop chatter
+	})
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.DrainTimeout}, wlog)
+	if err != nil {
+		return nil, fmt.Errorf("create router: %w", err)
+	}
+	p := &Pipeline{
+		env:    env,
+		cfg:    cfg,
+		router: router,
+		relay:  &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger},
+		steps:  steps,
+	}
+	router.AddMiddleware(
+		p.correlation,
+		p.poison,
+		middleware.Retry{
+			MaxRetries:          cfg.Retries,
+			InitialInterval:     cfg.RetryInterval,
+			MaxInterval:         cfg.RetryMaxInterval,
+			Multiplier:          2,
+			RandomizationFactor: 0.2,
+			ShouldRetry: func(params middleware.RetryParams) bool {
+				return !step.IsPermanent(params.Err)
+			},
+			ResetContextOnRetry: true,
+		}.Middleware,
+		middleware.Recoverer,
+	)
+	seen := map[string]bool{}
+	for _, st := range steps {
+		if st.Name == "" || seen[st.Name] || len(st.Events) == 0 || st.Handle == nil {
+			return nil, fmt.Errorf("step %q: want a unique name, events and a handler", st.Name)
+		}
+		seen[st.Name] = true
+		var subjects []string
+		for _, e := range st.Events {
+			subjects = append(subjects, env.Topology.Subject(e))
+		}
+		sub := newSubscriber(env.JS, env.Topology.Stream, consumerConfig(st.Name, subjects, cfg), cfg, env.Logger.With(slog.String("step", st.Name)))
+		p.subs = append(p.subs, sub)
+		router.AddConsumerHandler(st.Name, st.Name, sub, p.handler(st))
+	}
+	return p, nil
+}
+
+// Relay is the process's outbox relay.
+func (p *Pipeline) Relay() *outbox.Relay { return p.relay }
+
+// Running is closed once every handler is subscribed.
+func (p *Pipeline) Running() chan struct{} { return p.router.Running() }
+
+// Run runs the router and the outbox relay until ctx ends, then stops
+// fetching, lets in-flight messages finish (up to the drain timeout) and
+// returns.
+func (p *Pipeline) Run(ctx context.Context) error {
+	rctx, cancelRelay := context.WithCancel(context.WithoutCancel(ctx))
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- p.relay.Run(rctx) }()
+
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- p.router.Run(context.WithoutCancel(ctx)) }()
+
+	var err error
+	select {
+	case <-ctx.Done():
+		err = p.router.Close()
+		if rerr := <-routerDone; rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	case err = <-routerDone:
+		if err == nil {
+			err = errors.New("router stopped")
+		}
+		_ = p.router.Close()
+	}
+	for _, s := range p.subs {
+		if cerr := s.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}
+	// A last relay pass for what the drained handlers committed.
+	cancelRelay()
+	<-relayDone
+	return err
+}
+
+func metaInt(msg *message.Message, key string) int {
+	n, _ := strconv.Atoi(msg.Metadata.Get(key))
+	return n
+}
+
+// correlation puts a logger with the message's request_id, order_id and
+// message id on its context, and the correlation id (the request_id, the
+// id the client chose) in its metadata.
+func (p *Pipeline) correlation(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		rid := msg.Metadata.Get(orderevent.HeaderRequestID)
+		if rid != "" {
+			middleware.SetCorrelationID(rid, msg)
+		}
+		l := p.env.Logger.With(
+			slog.String("handler", message.HandlerNameFromCtx(msg.Context())),
+			slog.String("msg_id", msg.UUID),
+			slog.String("request_id", rid),
+			slog.String("order_id", msg.Metadata.Get(orderevent.HeaderOrderID)),
+			slog.Int("delivered", metaInt(msg, metaDelivered)),
+		)
+		msg.SetContext(context.WithValue(msg.Context(), loggerKey{}, l))
+		return middleware.CorrelationID(h)(msg)
+	}
+}
+
+// poison dead-letters a message whose error is permanent, or whose last
+// allowed delivery failed, and acks it; the order is left to the
+// compensator. Other errors pass through (nack, redelivered later).
+func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err == nil {
+			return out, nil
+		}
+		name := message.HandlerNameFromCtx(msg.Context())
+		delivered := metaInt(msg, metaDelivered)
+		permanent := step.IsPermanent(err)
+		if !permanent && delivered < p.cfg.MaxDeliver {
+			metrics.HandlerMessages.WithLabelValues(name, metrics.HandlerRetried).Inc()
+			Logger(msg.Context()).Warn("step failed, will be redelivered", slog.Any("error", err),
+				slog.Duration("in", p.cfg.redeliveryDelay(delivered)))
+			return nil, err
+		}
+		reason := err.Error()
+		if !permanent {
+			reason = fmt.Sprintf("retries exhausted after %d deliveries: %s", delivered, reason)
+		}
+		id, dlErr := putDeadLetter(context.WithoutCancel(msg.Context()), p.env.Pool, name, msg, reason, delivered)
+		if dlErr != nil {
+			Logger(msg.Context()).Error("dead-letter the message", slog.Any("error", dlErr), slog.Any("cause", err))
+			return nil, errors.Join(err, dlErr)
+		}
+		metrics.HandlerMessages.WithLabelValues(name, metrics.HandlerDeadLettered).Inc()
+		metrics.DeadLetters.WithLabelValues(name).Inc()
+		Logger(msg.Context()).Error("message dead-lettered; the order is left to the compensator",
+			slog.Int64("dead_letter_id", id), slog.Bool("permanent", permanent), slog.Any("error", err))
+		return nil, nil
+	}
+}
+
+// handler runs one step for one message: decode, skip what is done, Handle
+// with a Commit that does the dedupe row and the effect in one transaction.
+func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		t0 := time.Now()
+		defer func() { metrics.HandlerDuration.WithLabelValues(st.Name).Observe(time.Since(t0).Seconds()) }()
+		ctx := msg.Context()
+		ev, err := orderevent.Decode(msg.Payload)
+		if err != nil {
+			return step.Permanent(fmt.Errorf("decode message %s: %w", msg.UUID, err))
+		}
+		wanted := false
+		for _, e := range st.Events {
+			wanted = wanted || e == ev.Name
+		}
+		if !wanted {
+			// A payload that does not match its subject: not ours to handle.
+			return step.Permanent(fmt.Errorf("%w: event %s on a subject of %v", orderevent.ErrMalformed, ev.Name, st.Events))
+		}
+		headers := map[string]string{}
+		for k, v := range msg.Metadata {
+			if k != "" && k[0] != '_' {
+				headers[k] = v
+			}
+		}
+		m := step.Message{
+			ID:        ev.MsgID(),
+			Subject:   msg.Metadata.Get(metaSubject),
+			Event:     ev,
+			Delivered: metaInt(msg, metaDelivered),
+			Headers:   headers,
+		}
+		var done bool
+		if err := p.env.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM processed_messages WHERE consumer = $1 AND message_id = $2)`,
+			st.Name, m.ID).Scan(&done); err != nil {
+			return fmt.Errorf("check dedupe row of %s: %w", m.ID, err)
+		}
+		if done {
+			metrics.HandlerMessages.WithLabelValues(st.Name, metrics.HandlerDuplicate).Inc()
+			Logger(ctx).Debug("duplicate delivery, already processed")
+			return nil
+		}
+		committed := false
+		commit := func(ctx context.Context, apply step.Apply) (bool, error) {
+			if committed {
+				return false, errors.New("commit called twice in one handler run")
+			}
+			var ids []int64
+			fresh := true
+			err := pgx.BeginFunc(ctx, p.env.Pool, func(tx pgx.Tx) error {
+				tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, st.Name, m.ID)
+				if err != nil {
+					return fmt.Errorf("insert dedupe row: %w", err)
+				}
+				if tag.RowsAffected() == 0 {
+					fresh = false
+					return nil
+				}
+				ids, err = apply(ctx, tx)
+				return err
+			})
+			if err != nil {
+				return false, err
+			}
+			committed = true
+			if !fresh {
+				metrics.HandlerMessages.WithLabelValues(st.Name, metrics.HandlerDuplicate).Inc()
+				return false, nil
+			}
+			metrics.HandlerMessages.WithLabelValues(st.Name, metrics.HandlerProcessed).Inc()
+			if err := failpoint.Inject(FailAfterCommit); err != nil {
+				return true, err
+			}
+			if err := p.relay.Publish(ctx, ids...); err != nil {
+				// Committed: the relay publishes the pending rows later.
+				Logger(ctx).Warn("inline publish after commit; the relay will retry", slog.Any("error", err))
+			}
+			return true, nil
+		}
+		return st.Handle(ctx, m, commit)
+	}
+}

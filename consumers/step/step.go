@@ -1,0 +1,118 @@
+// Package step defines what a pipeline step is, so that each step lives in
+// a package of its own (consumers/inventory, consumers/payment, …) and the
+// router in package consumers runs them all the same way.
+//
+// A step reads the events it names from a durable JetStream consumer named
+// after the step. For every message the router decodes the event, skips it
+// when the step's dedupe row exists, and calls Handle with a Commit. Handle
+// may first do work outside any transaction (a call to the payment
+// provider, which must be safe to repeat), then calls Commit once: Commit
+// opens ONE PostgreSQL transaction, inserts (step, message id) into
+// processed_messages (ON CONFLICT DO NOTHING: zero rows means another
+// delivery already did it, and Apply is not run), runs Apply (the effect
+// and the order's conditional move), commits, and then publishes the outbox
+// events that Apply returned. The message is acked only after Handle
+// returns nil, so it is acked after the commit, never before.
+package step
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/orderstore"
+)
+
+// Message is one decoded delivery.
+type Message struct {
+	// ID is the dedupe id: the event's deterministic message id
+	// (order, event, re-drive), the same for every delivery and every
+	// republish of the same event whatever its Nats-Msg-Id.
+	ID string
+	// Subject is the NATS subject it came on.
+	Subject string
+	// Event is the decoded payload.
+	Event orderevent.Event
+	// Delivered is 1 on the first delivery, n on the n-th.
+	Delivered int
+	// Headers are the message's headers (first value of each).
+	Headers map[string]string
+}
+
+// Apply is a step's effect. It runs inside the step's transaction, after
+// the dedupe row was inserted, and returns the outbox ids (from
+// orderstore.Transition) to publish right after the commit.
+type Apply func(ctx context.Context, tx pgx.Tx) (publish []int64, err error)
+
+// Commit runs apply in one transaction with the dedupe row, commits, and
+// publishes. done is false when the dedupe row already existed (another
+// delivery did the work; apply was not run).
+type Commit func(ctx context.Context, apply Apply) (done bool, err error)
+
+// Step is one pipeline step.
+type Step struct {
+	// Name is the durable consumer's name and the consumer column of
+	// processed_messages. Letters, digits, '-' and '_' only.
+	Name string
+	// Events are the events the step reads.
+	Events []orderevent.Name
+	// Handle processes one message and calls commit at most once. An
+	// error marked Permanent (or a malformed event, an impossible
+	// transition) dead-letters the message; any other error is retried.
+	Handle func(ctx context.Context, m Message, commit Commit) error
+}
+
+// TxStep is a step whose whole work is its transaction.
+func TxStep(name string, events []orderevent.Name, apply func(ctx context.Context, tx pgx.Tx, m Message) ([]int64, error)) Step {
+	return Step{Name: name, Events: events, Handle: func(ctx context.Context, m Message, commit Commit) error {
+		_, err := commit(ctx, func(ctx context.Context, tx pgx.Tx) ([]int64, error) { return apply(ctx, tx, m) })
+		return err
+	}}
+}
+
+type permanent struct{ err error }
+
+func (p permanent) Error() string { return p.err.Error() }
+func (p permanent) Unwrap() error { return p.err }
+
+// Permanent marks err as one that no retry can fix: the message goes to
+// the dead letters at once.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+// IsPermanent reports whether err can never succeed on a retry: marked
+// Permanent, a malformed or unknown event, an impossible transition, a
+// missing order, or a panic in the handler.
+func IsPermanent(err error) bool {
+	var p permanent
+	var panicked middleware.RecoveredPanicError
+	return errors.As(err, &p) ||
+		errors.Is(err, orderevent.ErrMalformed) ||
+		errors.Is(err, order.ErrInvalidTransition) ||
+		errors.Is(err, orderstore.ErrNotFound) ||
+		errors.As(err, &panicked)
+}
+
+// LockStatus reads an order's status and locks its row until the
+// transaction ends, so that the step decides on a status nobody can change
+// under it. A missing order is a permanent error.
+func LockStatus(ctx context.Context, tx pgx.Tx, orderID fmt.Stringer) (order.Status, error) {
+	var s string
+	err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE order_id = $1 FOR UPDATE`, orderID.String()).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("lock order %s: %w", orderID, orderstore.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("lock order %s: %w", orderID, err)
+	}
+	return order.Status(s), nil
+}
