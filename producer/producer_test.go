@@ -46,10 +46,16 @@ func setup(t *testing.T, opts producer.Options) *harness {
 		Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry(),
 	}
 	h := &harness{t: t, env: env, pool: db.Pool, js: n.JS, topo: n.Topology}
-	h.srv = httptest.NewServer(producer.Handler(env, opts))
-	t.Cleanup(h.srv.Close)
+	h.srv = newServer(t, producer.Handler(env, opts))
 	h.creds = h.newClient("shop")
 	return h
+}
+
+func newServer(t *testing.T, handler http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 func (h *harness) newClient(name string) tenant.Credentials {
