@@ -30,9 +30,9 @@ import (
 // part's registrations have run), and each command's own Env list.
 
 // loadCompose parses a compose file as `docker compose` would, with the
-// project name set and ${VAR:-default} interpolated from an empty
-// environment (so the defaults are what is checked).
-func loadCompose(t *testing.T, path string) *types.Project {
+// project name set and ${VAR:-default} interpolated from env (none: the
+// defaults are what is checked), never from the test process's own.
+func loadCompose(t *testing.T, path string, env ...string) *types.Project {
 	t.Helper()
 	wd, err := os.Getwd()
 	if err != nil {
@@ -41,7 +41,7 @@ func loadCompose(t *testing.T, path string) *types.Project {
 	opts, err := composecli.NewProjectOptions([]string{path},
 		composecli.WithName("orderpipe"),
 		composecli.WithWorkingDirectory(wd),
-		composecli.WithEnv([]string{}),
+		composecli.WithEnv(env),
 		composecli.WithInterpolation(true),
 	)
 	if err != nil {
@@ -320,6 +320,29 @@ func TestComposeMatchesTheCode(t *testing.T) {
 		if r := s.Environment[config.EnvStreamReplicas]; r != nil && *r != "1" {
 			t.Errorf("%s asks for %s=%s, but compose runs one NATS server", name, config.EnvStreamReplicas, *r)
 		}
+	}
+}
+
+func TestComposeInterpolation(t *testing.T) {
+	t.Parallel()
+	p := loadCompose(t, "compose.yaml", "POSTGRES_PASSWORD=s3cret", "ORDERPIPE_LOG_LEVEL=debug", "ORDERPIPE_TAG=v1.2.3")
+	if p.Name != "orderpipe" {
+		t.Errorf("project name %q", p.Name)
+	}
+	for _, name := range []string{"migrate", "producer", "consumers", "compensator", "psp"} {
+		s := p.Services[name]
+		if u := s.Environment[config.EnvDatabaseURL]; u == nil || !strings.Contains(*u, ":s3cret@postgres:5432/") {
+			t.Errorf("%s: DATABASE_URL does not carry POSTGRES_PASSWORD: %v", name, u)
+		}
+		if s.Image != "orderpipe:v1.2.3" {
+			t.Errorf("%s: image %q, want orderpipe:${ORDERPIPE_TAG}", name, s.Image)
+		}
+	}
+	if v := p.Services["producer"].Environment[config.EnvLogLevel]; v == nil || *v != "debug" {
+		t.Errorf("producer: ORDERPIPE_LOG_LEVEL not taken from the environment: %v", v)
+	}
+	if v := p.Services["postgres"].Environment["POSTGRES_PASSWORD"]; v == nil || *v != "s3cret" {
+		t.Errorf("postgres: POSTGRES_PASSWORD = %v", v)
 	}
 }
 
