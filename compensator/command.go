@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"orderpipe/consumers"
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
@@ -61,7 +62,11 @@ func (f *flags) config(set map[string]bool) (Config, error) {
 	cfg := Config{
 		StuckProcessing: f.stuckAfter, StuckReserved: f.stuckAfter, StuckPaid: f.stuckAfter,
 		MaxAttempts: f.maxAttempts, Interval: f.interval, BatchSize: f.batchSize,
-		DedupeRetention: f.dedupeRetention, DryRun: f.dryRun, ConsumerHorizon: ConsumerHorizon(),
+		DedupeRetention: f.dedupeRetention, DryRun: f.dryRun,
+	}
+	var err error
+	if cfg.ConsumerHorizon, err = ConsumerHorizon(); err != nil {
+		return Config{}, err
 	}
 	if f.maxAttempts == 0 {
 		cfg.MaxAttempts = NoRedrive
@@ -85,8 +90,9 @@ func Command() cli.Command {
 		Name:    "compensator",
 		Summary: "find orders stuck in a non-terminal state; re-drive them or unwind them (cancel, release stock, refund); sweep dedupe rows",
 		Usage:   "[--once] [--dry-run] [--stuck-after D | --stuck-processing D --stuck-reserved D --stuck-paid D] [--max-attempts N] [--interval D] [--batch-size N] [--dedupe-retention D]",
-		Env:     cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, config.EnvShutdownTimeout),
-		Setup:   f.setup,
+		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, config.EnvShutdownTimeout,
+			consumers.EnvAckWait, consumers.EnvMaxDeliver),
+		Setup: f.setup,
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
 				return cli.Usagef("compensator takes no arguments, got %q", inv.Args)
@@ -117,16 +123,12 @@ func Command() cli.Command {
 // provider returns the payment provider client, or nil (with a warning)
 // when PSP_URL is not set: refunds then stay due until a compensator that
 // has one runs.
-func provider(cfg config.Config, logger *slog.Logger) (Provider, error) {
+func provider(cfg config.Config, logger *slog.Logger) (*psp.Client, error) {
 	if cfg.PSPURL == "" {
 		logger.Warn("PSP_URL is not set: refunds of unwound orders stay due until a compensator with a payment provider runs")
 		return nil, nil
 	}
-	c, err := psp.ClientFromEnv(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
+	return psp.ClientFromEnv(cfg)
 }
 
 // runDry makes a read-only pass; it needs only PostgreSQL (connecting to
@@ -228,7 +230,11 @@ func DevPart() devenv.Part {
 			if err != nil {
 				return nil, err
 			}
-			c, err := New(Config{ConsumerHorizon: ConsumerHorizon()}, env.Pool, Relay(env), p, logger)
+			horizon, err := ConsumerHorizon()
+			if err != nil {
+				return nil, err
+			}
+			c, err := New(Config{ConsumerHorizon: horizon}, env.Pool, Relay(env), p, logger)
 			if err != nil {
 				return nil, err
 			}

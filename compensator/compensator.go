@@ -44,6 +44,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"orderpipe/consumers/inventory"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
@@ -61,9 +62,6 @@ const (
 	// FailAfterBatch fires after a batch committed and before its events
 	// were published.
 	FailAfterBatch = "compensator.after-batch"
-	// FailAfterRefund fires after the provider refunded a charge and
-	// before the refund was recorded.
-	FailAfterRefund = "compensator.after-refund"
 )
 
 // Action kinds (compensator_actions.action, and the label of
@@ -74,13 +72,6 @@ const (
 	KindRefund  = "refund"
 	KindSkip    = "skip"
 )
-
-// Provider is what the compensator needs of the payment provider
-// (psp.Client implements it).
-type Provider interface {
-	Charge(ctx context.Context, key, amount, currency, reference string) (psp.Answer, error)
-	Refund(ctx context.Context, key, chargeID string) (psp.Answer, error)
-}
 
 // Action is one thing the compensator did (or, in a dry run, would do) to
 // an order.
@@ -164,7 +155,7 @@ type Compensator struct {
 	cfg      Config
 	pool     *pgxpool.Pool
 	relay    *outbox.Relay
-	provider Provider
+	provider *psp.Client
 	logger   *slog.Logger
 	// OnAction, if set, is called with each action as it is taken (after
 	// its commit), e.g. to print it.
@@ -174,7 +165,7 @@ type Compensator struct {
 // New validates cfg and returns a compensator. relay publishes re-drive and
 // cancellation events; provider may be nil, in which case refunds stay due
 // (and are reported) until a compensator with a provider runs.
-func New(cfg Config, pool *pgxpool.Pool, relay *outbox.Relay, provider Provider, logger *slog.Logger) (*Compensator, error) {
+func New(cfg Config, pool *pgxpool.Pool, relay *outbox.Relay, provider *psp.Client, logger *slog.Logger) (*Compensator, error) {
 	cfg, err := cfg.Validate()
 	if err != nil {
 		return nil, err
@@ -540,7 +531,7 @@ func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Acti
 	if tag.RowsAffected() == 0 {
 		return c.skip(o, "the order changed since it was read"), 0, nil
 	}
-	released, err := releaseStock(ctx, tx, o.ID)
+	released, err := inventory.Release(ctx, tx, o.ID)
 	if err != nil {
 		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
 	}

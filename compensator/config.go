@@ -17,17 +17,18 @@ import (
 // the dedupe retention outlives the duplicate window and the longest time an
 // order can stay open before the compensator gives up on it.
 const (
-	DefaultStuckProcessing = 10 * time.Minute
-	DefaultStuckReserved   = 10 * time.Minute
-	DefaultStuckPaid       = 10 * time.Minute
+	DefaultStuckProcessing = 45 * time.Minute
+	DefaultStuckReserved   = 45 * time.Minute
+	DefaultStuckPaid       = 45 * time.Minute
 	DefaultMaxAttempts     = 3
 	DefaultInterval        = 30 * time.Second
 	DefaultBatchSize       = 100
 	DefaultDedupeRetention = 72 * time.Hour
 	DefaultOutboxMinAge    = 30 * time.Second
 	// DefaultConsumerHorizon is used when the caller does not say how long
-	// the consumers may keep redelivering one message.
-	DefaultConsumerHorizon = 5 * time.Minute
+	// the consumers may keep redelivering one message; it is
+	// RedeliveryHorizon of the consumers' defaults, rounded up.
+	DefaultConsumerHorizon = 40 * time.Minute
 )
 
 // Config is the compensator's configuration. The zero value of a field

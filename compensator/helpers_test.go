@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/compensator"
+	"orderpipe/consumers/payment"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
@@ -87,7 +88,7 @@ func (w *world) cfg(maxAttempts int) compensator.Config {
 	}
 }
 
-func (w *world) comp(cfg compensator.Config, provider compensator.Provider) *compensator.Compensator {
+func (w *world) comp(cfg compensator.Config, provider *psp.Client) *compensator.Compensator {
 	w.t.Helper()
 	c, err := compensator.New(cfg, w.db.Pool, w.relay, provider, testenv.Logger(w.t))
 	if err != nil {
@@ -153,7 +154,7 @@ func (w *world) newOrder(s spec) uuid.UUID {
 	if err != nil {
 		w.t.Fatalf("create order: %v", err)
 	}
-	key := "charge-" + id.String()
+	key := payment.ChargeKey(id)
 	switch s.payment {
 	case "pending":
 		w.exec(`INSERT INTO payments (order_id, idempotency_key, amount, currency, status) VALUES ($1, $2, 12.50, 'CNY', 'pending')`, id, key)

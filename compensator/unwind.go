@@ -10,52 +10,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"orderpipe/shared/failpoint"
+	"orderpipe/consumers/payment"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
 )
-
-// RefundKey is the Idempotency-Key of the refund of an order's charge: the
-// same for every attempt, from any compensator, so the provider refunds a
-// charge once whatever the number of calls.
-func RefundKey(orderID uuid.UUID) string { return "refund-" + orderID.String() }
-
-// releaseStock gives back the stock that the order holds, in tx, and
-// returns how many reservation rows it released. A row is released once:
-// released_at is set by the transaction that gives the quantity back.
-func releaseStock(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (int, error) {
-	rows, err := tx.Query(ctx, `
-		UPDATE reservations SET released_at = now()
-		WHERE order_id = $1 AND released_at IS NULL
-		RETURNING sku, quantity`, orderID)
-	if err != nil {
-		return 0, fmt.Errorf("release stock of order %s: %w", orderID, err)
-	}
-	type line struct {
-		sku string
-		qty int64
-	}
-	var lines []line
-	for rows.Next() {
-		var l line
-		if err := rows.Scan(&l.sku, &l.qty); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("release stock of order %s: %w", orderID, err)
-		}
-		lines = append(lines, l)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("release stock of order %s: %w", orderID, err)
-	}
-	for _, l := range lines {
-		if _, err := tx.Exec(ctx, `UPDATE inventory SET available = available + $2, updated_at = now() WHERE sku = $1`, l.sku, l.qty); err != nil {
-			return 0, fmt.Errorf("release %d of %s for order %s: %w", l.qty, l.sku, orderID, err)
-		}
-	}
-	return len(lines), nil
-}
 
 // markRefundDue records, in the unwind's transaction, that the order's
 // charge (if one succeeded, or may have: a pending payment) must be
@@ -67,7 +26,7 @@ func markRefundDue(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (string, e
 	err := tx.QueryRow(ctx, `
 		UPDATE payments SET refund_key = coalesce(refund_key, $2), updated_at = now()
 		WHERE order_id = $1 AND status IN ('pending', 'succeeded')
-		RETURNING status, charge_id`, orderID, RefundKey(orderID)).Scan(&status, &chargeID)
+		RETURNING status, charge_id`, orderID, payment.RefundKey(orderID)).Scan(&status, &chargeID)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return "no charge to refund", nil
@@ -142,7 +101,7 @@ func (c *Compensator) refunds(ctx context.Context, res *Result) error {
 			}
 			for i, r := range due {
 				if r.RefundKey == "" {
-					due[i].RefundKey = RefundKey(r.OrderID)
+					due[i].RefundKey = payment.RefundKey(r.OrderID)
 					if _, err := tx.Exec(ctx, `UPDATE payments SET refund_key = $2, updated_at = now() WHERE order_id = $1 AND refund_key IS NULL`, r.OrderID, due[i].RefundKey); err != nil {
 						return fmt.Errorf("record refund intent of order %s: %w", r.OrderID, err)
 					}
@@ -168,76 +127,55 @@ func (c *Compensator) refunds(ctx context.Context, res *Result) error {
 	}
 }
 
-// refundOne settles one payment of a cancelled order with the provider.
+// refundOne settles one payment of a cancelled order with the provider
+// through payment.Refund (the payment step's helper: the same
+// Idempotency-Key "refund:<order_id>" from every caller; a pending charge
+// is first resolved with its own key) and records the compensator's refund
+// action once.
 func (c *Compensator) refundOne(ctx context.Context, r refundDue, res *Result) error {
 	if c.provider == nil {
 		return fmt.Errorf("refund of order %s is due but no payment provider is configured", r.OrderID)
 	}
-	chargeID := deref(r.ChargeID)
-	if r.Status == "pending" {
-		// The charge's outcome is unknown. The same key returns the
-		// provider's first answer (and charges now if it never got the
-		// call: that charge is refunded below, so the customer is even).
-		ans, err := c.provider.Charge(ctx, r.ChargeKey, r.Amount, r.Currency, r.OrderID.String())
-		if inFlight(err) {
-			c.logger.Info("charge in flight elsewhere; resolved on a later pass", slog.String("order_id", r.OrderID.String()))
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("resolve pending charge of cancelled order %s: %w", r.OrderID, err)
-		}
-		if ans.Status == psp.StatusDeclined {
-			_, err := c.pool.Exec(ctx, `UPDATE payments SET status = 'declined', decline_reason = $2, charge_id = coalesce(charge_id, $3), updated_at = now() WHERE order_id = $1 AND status = 'pending'`,
-				r.OrderID, ans.Reason, ans.ID)
-			if err != nil {
-				return fmt.Errorf("record declined charge of cancelled order %s: %w", r.OrderID, err)
-			}
-			return nil
-		}
-		if _, err := c.pool.Exec(ctx, `UPDATE payments SET status = 'succeeded', charge_id = $2, updated_at = now() WHERE order_id = $1 AND status = 'pending'`,
-			r.OrderID, ans.ID); err != nil {
-			return fmt.Errorf("record charge of cancelled order %s: %w", r.OrderID, err)
-		}
-		chargeID = ans.ID
-	}
-	ans, err := c.provider.Refund(ctx, r.RefundKey, chargeID)
+	done, err := payment.Refund(ctx, c.pool, c.provider, r.OrderID)
 	if inFlight(err) {
-		// Another compensator is asking with the same key right now; it
+		// Another caller is asking with the same key right now; it
 		// records the answer (or, if it dies, a later pass asks again).
-		c.logger.Info("refund in flight elsewhere", slog.String("order_id", r.OrderID.String()))
+		c.logger.Info("refund in flight elsewhere; settled on a later pass", slog.String("order_id", r.OrderID.String()))
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("refund charge %s of cancelled order %s: %w", chargeID, r.OrderID, err)
+		return fmt.Errorf("refund cancelled order %s: %w", r.OrderID, err)
 	}
-	if err := failpoint.Inject(FailAfterRefund); err != nil {
-		return err
+	if done.RefundID == "" {
+		return nil // the pending charge turned out declined: nothing to give back
 	}
 	a := Action{OrderID: r.OrderID, Kind: KindRefund, From: order.StatusCancelled,
-		Reason: fmt.Sprintf("refunded charge %s: refund %s (key %s)", chargeID, ans.ID, r.RefundKey)}
+		Reason: fmt.Sprintf("refunded charge %s: refund %s (key %s)", done.ChargeID, done.RefundID, payment.RefundKey(r.OrderID))}
 	recorded := false
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `
-			UPDATE payments SET status = 'refunded', refund_id = $2, refunded_at = now(), updated_at = now()
-			WHERE order_id = $1 AND status = 'succeeded'`, r.OrderID, ans.ID)
-		if err != nil {
+		// The payment row's lock serialises compensators that both saw
+		// the refund through; the first one records it.
+		var status string
+		if err := tx.QueryRow(ctx, `SELECT status FROM payments WHERE order_id = $1 FOR UPDATE`, r.OrderID).Scan(&status); err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
-			return nil // another compensator recorded the same refund
+		var seen bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compensator_actions WHERE order_id = $1 AND action = 'refund')`, r.OrderID).Scan(&seen); err != nil {
+			return err
+		}
+		if status != "refunded" || seen {
+			return nil
 		}
 		recorded = true
 		return c.record(ctx, tx, a)
 	})
 	if err != nil {
-		return fmt.Errorf("record refund %s of order %s: %w", ans.ID, r.OrderID, err)
+		return fmt.Errorf("record refund %s of order %s: %w", done.RefundID, r.OrderID, err)
 	}
 	if recorded {
 		res.add(a)
 		metrics.CompensatorActions.WithLabelValues(KindRefund).Inc()
 		c.logAction(a)
-	} else {
-		c.logger.Debug("refund already recorded", slog.String("order_id", r.OrderID.String()))
 	}
 	return nil
 }
