@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"orderpipe/compensator"
 	"orderpipe/consumers"
 	"orderpipe/producer"
 	"orderpipe/shared/cli"
@@ -37,6 +38,7 @@ func commands() []cli.Command {
 		consumers.InventoryCommand(),
 		consumers.DLQCommand(),
 		psp.Command(),
+		compensator.Command(), compensator.OrdersCommand(),
 	}
 }
 
@@ -47,6 +49,7 @@ func devParts() []devenv.Part {
 		producer.DevPart(),
 		psp.DevPart(), // before the consumers: it sets PSP_URL
 		consumers.DevPart(),
+		compensator.DevPart(),
 	}
 }
 
