@@ -21,6 +21,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/problem"
 	"orderpipe/shared/tenant"
+	"orderpipe/shared/tracing"
 )
 
 // MaxBodyBytes is the largest create-order body accepted (64 KiB).
@@ -115,7 +116,17 @@ func problemsForMux(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
-			mux.ServeHTTP(w, r) // sets the path values, which Handler does not
+			// Continue the caller's trace (W3C traceparent), so that the
+			// order's events and logs carry it.
+			md := map[string]string{}
+			for _, k := range []string{"traceparent", "tracestate", "baggage"} {
+				if v := r.Header.Get(k); v != "" {
+					md[k] = v
+				}
+			}
+			ctx, span := tracing.Tracer().Start(tracing.Extract(r.Context(), md), pattern)
+			defer span.End()
+			mux.ServeHTTP(w, r.WithContext(ctx)) // sets the path values, which Handler does not
 			return
 		}
 		rec := &statusOnly{header: http.Header{}}
@@ -188,7 +199,7 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 			return
 		}
 		if err != nil {
-			a.env.Logger.Warn("authenticate", slog.Any("error", err))
+			a.env.Logger.WarnContext(r.Context(), "authenticate", slog.Any("error", err))
 			a.writeError(w, r, err)
 			return
 		}
@@ -248,7 +259,7 @@ func (a *API) allow(id uuid.UUID) (time.Duration, bool) {
 func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	p := problem.From(err)
 	if p.Code.Retryable() {
-		a.env.Logger.Warn("request failed", slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		a.env.Logger.WarnContext(r.Context(), "request failed", slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.Int("code", int(p.Code)), slog.Any("error", err))
 	}
 	p.Instance = r.URL.Path
@@ -273,7 +284,12 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 		invalid(err)
 		return
 	}
+	// The body is read within the server deadline too: a client that
+	// trickles it does not hold a slot for longer.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(a.svc.opts.Timeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	_ = rc.SetReadDeadline(time.Time{}) // the connection may serve further requests
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {

@@ -436,3 +436,31 @@ func TestHealthMetricsOpenAPI(t *testing.T) {
 		}
 	}
 }
+
+// A body that trickles in is cut off at the server deadline: it does not
+// hold a slot for longer, and writes nothing.
+func TestSlowBodyIsCutOff(t *testing.T) {
+	t.Parallel()
+	h := setup(t, producer.Options{Timeout: 300 * time.Millisecond})
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	req, _ := http.NewRequest("POST", h.srv.URL+"/v1/orders", pr)
+	req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	go func() { _, _ = pw.Write([]byte(`{"request_id":"slow",`)) }()
+	t0 := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+	} // or the server closed the connection: either way it let go
+	if el := time.Since(t0); el > 5*time.Second {
+		t.Fatalf("the server held the request for %s", el)
+	}
+	if n := h.count(`SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d orders", n)
+	}
+}

@@ -172,7 +172,7 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	res, err := orderstore.Insert(ctx, s.env.Pool, clientID, req, orderstore.InsertOptions{NewOrderNo: s.opts.NewOrderNo})
 	if res.OrderNoCollisions > 0 {
 		metrics.UniqueConflicts.WithLabelValues("order_no").Add(float64(res.OrderNoCollisions))
-		s.env.Logger.Warn("order number collided and was replaced", slog.Int("collisions", res.OrderNoCollisions),
+		s.env.Logger.WarnContext(ctx, "order number collided and was replaced", slog.Int("collisions", res.OrderNoCollisions),
 			slog.String("request_id", req.RequestID))
 	}
 	if res.RequestIDConflict {
@@ -188,13 +188,13 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	log := s.env.Logger.With(slog.String("request_id", req.RequestID), slog.String("order_id", res.Order.ID.String()))
 	if res.Replayed {
 		outcome = metrics.OutcomeReplayed
-		log.Debug("order request replayed")
+		log.DebugContext(ctx, "order request replayed")
 		return res.Order, true, nil
 	}
 	outcome = metrics.OutcomeCreated
-	log.Info("order accepted", slog.String("order_no", res.Order.No))
+	log.InfoContext(ctx, "order accepted", slog.String("order_no", res.Order.No))
 	if err := failpoint.Inject(FailAfterCommit); err != nil {
-		log.Warn("accepted event left to the relay", slog.Any("error", err))
+		log.WarnContext(ctx, "accepted event left to the relay", slog.Any("error", err))
 		return res.Order, false, nil
 	}
 	s.publish(ctx, log, res.OutboxID)
@@ -206,7 +206,7 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 // event later.
 func (s *Service) publish(ctx context.Context, log *slog.Logger, outboxID int64) {
 	if s.env.NC != nil && s.env.NC.Status() != nats.CONNECTED {
-		log.Warn("NATS is not connected; accepted event left to the relay")
+		log.WarnContext(ctx, "NATS is not connected; accepted event left to the relay")
 		return
 	}
 	// Within what is left of the server deadline, but not cut short by a
@@ -216,13 +216,13 @@ func (s *Service) publish(ctx context.Context, log *slog.Logger, outboxID int64)
 		d = time.Until(dl)
 	}
 	if d <= 0 {
-		log.Warn("no time left for the inline publish; accepted event left to the relay")
+		log.WarnContext(ctx, "no time left for the inline publish; accepted event left to the relay")
 		return
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	defer cancel()
 	if err := s.relay.Publish(pctx, outboxID); err != nil {
-		log.Warn("inline publish of the accepted event failed; left to the relay", slog.Any("error", err))
+		log.WarnContext(ctx, "inline publish of the accepted event failed; left to the relay", slog.Any("error", err))
 	}
 }
 

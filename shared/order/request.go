@@ -237,9 +237,9 @@ func describeJSONError(err error) error {
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return errors.New("is truncated JSON")
 	case errors.As(err, &syn):
-		return fmt.Errorf("is not valid JSON (at byte %d): %v", syn.Offset, syn)
+		return fmt.Errorf("is not valid JSON (at byte %d): %w", syn.Offset, syn)
 	}
-	return fmt.Errorf("is not valid JSON: %v", err)
+	return fmt.Errorf("is not valid JSON: %w", err)
 }
 
 // isAbsent reports whether a raw member was missing or null.
