@@ -1,0 +1,45 @@
+package consumers_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"orderpipe/consumers/pipetest"
+	"orderpipe/shared/order"
+	"orderpipe/shared/psp"
+	"orderpipe/shared/testenv"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(runChild())
+	}
+	testenv.Main(m)
+}
+
+func TestHappyPathAndRejection(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{})
+	e.Stock(t, "SKU-1", 10)
+	e.Stock(t, "SKU-2", 1)
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(2*time.Second)...)
+	ok := e.CreateOrder(t, "39.98", pipetest.Line{SKU: "SKU-1", Qty: 2}, pipetest.Line{SKU: "SKU-2", Qty: 1})
+	noStock := e.CreateOrder(t, "10.00", pipetest.Line{SKU: "SKU-1", Qty: 1}, pipetest.Line{SKU: "SKU-2", Qty: 5})
+	unknown := e.CreateOrder(t, "10.00", pipetest.Line{SKU: "NOPE", Qty: 1})
+	e.WaitTerminal(t, 30*time.Second)
+	if s := e.Status(t, ok); s != order.StatusConfirmed {
+		t.Errorf("order with stock: %s, want confirmed", s)
+	}
+	for _, id := range []any{noStock, unknown} {
+		var s, reason string
+		if err := e.DB.Pool.QueryRow(context.Background(), `SELECT status, coalesce(reason, '') FROM orders WHERE order_id = $1`, id).Scan(&s, &reason); err != nil {
+			t.Fatal(err)
+		}
+		if s != string(order.StatusRejected) || reason == "" {
+			t.Errorf("order %v: %s (%q), want rejected with a reason", id, s, reason)
+		}
+	}
+	e.CheckInvariants(t)
+}

@@ -1,0 +1,338 @@
+package consumers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"orderpipe/consumers"
+	"orderpipe/consumers/payment"
+	"orderpipe/consumers/pipetest"
+	"orderpipe/shared/app"
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+	"orderpipe/shared/failpoint"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/psp"
+	"orderpipe/shared/testenv"
+)
+
+// childEnv marks the test binary running as `orderpipe consumers` for a
+// crash test (see runChild).
+const childEnv = "CONSUMERS_TEST_CHILD"
+
+// runChild runs the consumers command in this process, configured by the
+// environment like the real binary (failpoints included); used by
+// TestMain when the test binary is started as a child.
+func runChild() int {
+	cfg, err := config.FromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = consumers.Command().Run(ctx, cli.Invocation{Stdout: os.Stdout, Stderr: os.Stderr, Config: cfg})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// lines are what every fault test orders: two SKUs, so "all or none" matters.
+var lines = []pipetest.Line{{SKU: "SKU-1", Qty: 2}, {SKU: "SKU-2", Qty: 1}}
+
+func stock(t *testing.T, e *pipetest.Env) {
+	e.Stock(t, "SKU-1", 1000)
+	e.Stock(t, "SKU-2", 1000)
+}
+
+// TestDuplicatesInjected republishes every message of the stream twice
+// more, with new Nats-Msg-Ids so that the broker lets them through, and
+// runs the outbox relay a second time over everything: every step sees
+// each event at least three times.
+func TestDuplicatesInjected(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{DeclineRate: 0.2, Seed: 7})
+	stock(t, e)
+	var copies atomic.Int64
+	sub, err := e.NATS.Conn.Subscribe(e.App.Topology.AllSubjects(), func(m *nats.Msg) {
+		if m.Header.Get("Test-Copy") != "" {
+			return
+		}
+		for i := 1; i <= 2; i++ {
+			c := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{}}
+			for k, v := range m.Header {
+				c.Header[k] = v
+			}
+			id := fmt.Sprintf("%s:copy%d", m.Header.Get(orderevent.HeaderMsgID), i)
+			c.Header.Set(orderevent.HeaderMsgID, id)
+			c.Header.Set("Test-Copy", "1")
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if _, err := e.NATS.JS.PublishMsg(ctx, c, jetstream.WithMsgID(id)); err == nil {
+				copies.Add(1)
+			}
+			cancel()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
+	for range 30 {
+		e.CreateOrder(t, "12.34", lines...)
+	}
+	e.WaitTerminal(t, 60*time.Second)
+	// Publish every outbox row once more (a relay that lost its stamps).
+	if _, err := e.DB.Pool.Exec(context.Background(), `UPDATE outbox SET published_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...).P.Relay().PublishPending(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the copies to be consumed", func() bool {
+		info, err := e.NATS.JS.Consumer(context.Background(), e.App.Topology.Stream, "confirm")
+		if err != nil {
+			return false
+		}
+		ci, err := info.Info(context.Background())
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+	if copies.Load() < 60 {
+		t.Fatalf("only %d copies injected", copies.Load())
+	}
+	e.CheckInvariants(t)
+}
+
+// TestCrashAfterCommitAndAfterCharge kills `orderpipe consumers` (a child
+// process) right after a step's commit, before its ack and before its
+// inline publish; then a second one right after the provider charged and
+// before the charge was recorded; then a healthy router finishes the
+// orders: nothing is done twice, nothing is lost.
+func TestCrashAfterCommitAndAfterCharge(t *testing.T) {
+	t.Parallel()
+	ns := testenv.OwnNATS(t)
+	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), psp.Options{})
+	stock(t, e)
+	var ids []uuid.UUID
+	for range 5 {
+		ids = append(ids, e.CreateOrder(t, "20.00", lines...))
+	}
+	crash := func(failpoints string) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(),
+			childEnv+"=1",
+			"DATABASE_URL="+e.DB.URL,
+			"NATS_URL="+ns.URL(),
+			"PSP_URL="+e.PSPURL,
+			"HTTP_ADDR=127.0.0.1:0",
+			"ORDERPIPE_CONSUMER_ACK_WAIT=1s",
+			"ORDERPIPE_LOG_LEVEL=warn",
+			failpoint.EnvVar+"="+failpoints,
+		)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != failpoint.ExitCode {
+				t.Fatalf("child with %s: %v, want exit %d; output:\n%s", failpoints, err, failpoint.ExitCode, out.String())
+			}
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("child with %s did not reach its failpoint; output:\n%s", failpoints, out.String())
+		}
+	}
+	crash(consumers.FailAfterCommit + "=exit")
+	var committed int
+	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM processed_messages`).Scan(&committed); err != nil || committed != 1 {
+		t.Fatalf("after the first crash: %d dedupe rows (%v), want 1", committed, err)
+	}
+	crash(payment.FailAfterCharge + "=exit")
+	var charged int
+	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM psp_charges WHERE state = 'succeeded'`).Scan(&charged); err != nil || charged < 1 {
+		t.Fatalf("after the second crash: %d charges (%v), want at least 1", charged, err)
+	}
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
+	e.WaitTerminal(t, 90*time.Second)
+	for _, id := range ids {
+		if s := e.Status(t, id); s != order.StatusConfirmed {
+			t.Errorf("order %s: %s, want confirmed", id, s)
+		}
+	}
+	e.CheckInvariants(t)
+}
+
+// TestFailpointsInProcess arms both crash points to return an error once
+// (the process survives): the commit stays, the message is retried, the
+// dedupe row absorbs it, and the relay publishes what the inline publish
+// skipped.
+func TestFailpointsInProcess(t *testing.T) {
+	// Not parallel: failpoints are per process.
+	e := pipetest.New(t, psp.Options{})
+	stock(t, e)
+	defer failpoint.Enable(consumers.FailAfterCommit, 1)()
+	defer failpoint.Enable(payment.FailAfterCharge, 1)()
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
+	id := e.CreateOrder(t, "5.00", lines...)
+	e.WaitTerminal(t, 30*time.Second)
+	if s := e.Status(t, id); s != order.StatusConfirmed {
+		t.Fatalf("order: %s, want confirmed", s)
+	}
+	e.CheckInvariants(t)
+}
+
+// TestNATSRestartedMidStream stops the NATS server (same store dir) while
+// orders flow, creates orders while it is down (their events wait in the
+// outbox), and starts it again.
+func TestNATSRestartedMidStream(t *testing.T) {
+	t.Parallel()
+	ns := testenv.OwnNATS(t)
+	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), psp.Options{})
+	stock(t, e)
+	cfg := pipetest.Config()
+	r := pipetest.Start(t, e.App, cfg, e.Steps(5*time.Second)...)
+	r.P.Relay().Interval = 200 * time.Millisecond
+	for range 20 {
+		e.CreateOrder(t, "3.00", lines...)
+	}
+	ns.Stop()
+	for range 10 {
+		e.InsertOrder(t, "3.00", lines...) // published by the relay once NATS is back
+	}
+	ns.Start()
+	for range 20 {
+		e.CreateOrder(t, "3.00", lines...)
+	}
+	e.WaitTerminal(t, 90*time.Second)
+	e.CheckInvariants(t)
+}
+
+// TestPostgresRestartedMidStream restarts the PostgreSQL server (the
+// record, the dedupe rows and the provider's store) while orders flow.
+func TestPostgresRestartedMidStream(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	db := &testenv.Database{Name: "postgres", URL: pg.URL("postgres"), Pool: testenv.Pool(t, pg.URL("postgres"))}
+	e := pipetest.NewOn(t, db, testenv.NATS(t), psp.Options{Latency: 5 * time.Millisecond})
+	stock(t, e)
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
+	for range 30 {
+		e.CreateOrder(t, "8.00", lines...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatalf("restart PostgreSQL: %v", err)
+	}
+	for range 10 {
+		e.CreateOrder(t, "8.00", lines...)
+	}
+	e.WaitTerminal(t, 120*time.Second)
+	e.CheckInvariants(t)
+}
+
+// TestProviderDeclinesErrorsAndTimeouts runs orders against a provider
+// that declines, fails and charges-then-times-out.
+func TestProviderDeclinesErrorsAndTimeouts(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{DeclineRate: 0.25, ErrorRate: 0.25, TimeoutRate: 0.2, Hang: 5 * time.Second, Seed: 42})
+	stock(t, e)
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(300*time.Millisecond)...)
+	for range 40 {
+		e.CreateOrder(t, "1.50", lines...)
+	}
+	e.WaitTerminal(t, 120*time.Second)
+	c := e.Counts(t)
+	if c[order.StatusCancelled] == 0 || c[order.StatusConfirmed] == 0 {
+		t.Errorf("counts %v: want some cancelled (declined) and some confirmed", c)
+	}
+	var declinedReason int
+	if err := e.DB.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM orders WHERE status = 'cancelled' AND reason LIKE 'payment declined:%'`).Scan(&declinedReason); err != nil {
+		t.Fatal(err)
+	}
+	if declinedReason != c[order.StatusCancelled] {
+		t.Errorf("%d of %d cancelled orders say why", declinedReason, c[order.StatusCancelled])
+	}
+	e.CheckInvariants(t)
+}
+
+// TestTwoRoutersOnTheSameDurables runs two routers (own connections, own
+// pools, like two processes) on the same durable consumers.
+func TestTwoRoutersOnTheSameDurables(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{Latency: 2 * time.Millisecond})
+	stock(t, e)
+	second := *e.App
+	second.NC, second.JS = testenv.Connect(t, e.NATS.URL)
+	second.Pool = testenv.Pool(t, e.DB.URL)
+	second.Metrics = app.NewRegistry()
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
+	pipetest.Start(t, &second, pipetest.Config(), e.Steps(5*time.Second)...)
+	for range 100 {
+		e.CreateOrder(t, "4.00", lines...)
+	}
+	e.WaitTerminal(t, 90*time.Second)
+	e.CheckInvariants(t)
+}
+
+// TestThousandOrders sends 1,000 orders through the whole pipeline with
+// the provider at 5% declines and 5% errors.
+func TestThousandOrders(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{DeclineRate: 0.05, ErrorRate: 0.05, Seed: 1000})
+	e.Quiet(t)
+	e.Stock(t, "SKU-1", 1_000_000)
+	e.Stock(t, "SKU-2", 1_000_000)
+	e.Stock(t, "SKU-3", 500) // runs out: some orders are rejected
+	cfg := pipetest.Config()
+	cfg.Workers = 16
+	pipetest.Start(t, e.App, cfg, e.Steps(5*time.Second)...)
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < 1000; i += 4 {
+				if i%3 == 0 {
+					e.CreateOrder(t, "99.99", pipetest.Line{SKU: "SKU-1", Qty: 1}, pipetest.Line{SKU: "SKU-3", Qty: 2})
+				} else {
+					e.CreateOrder(t, "19.99", lines...)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	e.WaitTerminal(t, 120*time.Second)
+	c := e.Counts(t)
+	t.Logf("1000 orders in %s: %v", time.Since(t0).Round(time.Millisecond), c)
+	if c[order.StatusConfirmed] < 700 || c[order.StatusCancelled] == 0 || c[order.StatusRejected] == 0 {
+		t.Errorf("counts %v: want most confirmed, some cancelled (declines) and some rejected (SKU-3 ran out)", c)
+	}
+	e.CheckInvariants(t)
+}
