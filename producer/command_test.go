@@ -1,0 +1,103 @@
+package producer_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"orderpipe/producer"
+	"orderpipe/shared/app"
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+	"orderpipe/shared/testenv"
+)
+
+func runProducer(t *testing.T, cfg config.Config, args ...string) error {
+	t.Helper()
+	cmd := producer.Command()
+	fs := flag.NewFlagSet("orderpipe producer", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if cmd.Setup != nil {
+		cmd.Setup(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: io.Discard, Stderr: io.Discard, Config: cfg})
+}
+
+// Not parallel: it sets environment variables.
+func TestProducerCommandLineAndEnvironment(t *testing.T) {
+	for _, args := range [][]string{{"extra"}, {"--port", "1"}} {
+		var ue cli.UsageError
+		if err := runProducer(t, config.Config{}, args...); !errors.As(err, &ue) {
+			t.Errorf("%q: want a usage error, got %v", args, err)
+		}
+	}
+	for _, kv := range [][2]string{
+		{producer.EnvTimeout, "soon"}, {producer.EnvTimeout, "-1s"}, {producer.EnvRateLimit, "0"},
+		{producer.EnvRateLimit, "fast"}, {producer.EnvRateBurst, "-5"}, {producer.EnvMaxInFlight, "0"},
+	} {
+		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
+			t.Setenv(kv[0], kv[1])
+			err := runProducer(t, config.Config{})
+			if err == nil || !strings.Contains(err.Error(), kv[0]) {
+				t.Errorf("want an error naming %s, got %v", kv[0], err)
+			}
+		})
+	}
+	// Good environment, but nowhere to connect to.
+	if err := runProducer(t, config.Config{}); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Errorf("without DATABASE_URL: %v", err)
+	}
+	t.Setenv(producer.EnvTimeout, "2s")
+	t.Setenv(producer.EnvRateLimit, "7")
+	o, err := producer.OptionsFromEnv()
+	if err != nil || o.Timeout != 2*time.Second || o.RateLimit != 7 || o.RateBurst != producer.DefaultRateBurst {
+		t.Errorf("OptionsFromEnv: %+v %v", o, err)
+	}
+}
+
+// The dev part serves the intake on HTTP_ADDR and stops when its context
+// ends.
+func TestDevPart(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	n := testenv.NATS(t)
+	env := &app.Env{Config: config.Config{HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t),
+		Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	part := producer.DevPart()
+	if part.Name != "producer" {
+		t.Fatalf("name %q", part.Name)
+	}
+	// Reserve a port for the part to listen on.
+	probe := newServer(t, http.NotFoundHandler())
+	addr := strings.TrimPrefix(probe.URL, "http://")
+	probe.Close()
+	env.Config.HTTPAddr = addr
+	wait, err := part.Start(ctx, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("healthz: %d", resp.StatusCode)
+	}
+	cancel()
+	if err := wait(); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+}
