@@ -80,7 +80,9 @@ type Options struct {
 	// and per-client rate limit; inside it, ClientFrom(r.Context())
 	// returns the caller. Extra routes are not counted against
 	// MaxInFlight (streams are long-lived), and get the intake's JSON
-	// problems for unknown paths and methods.
+	// problems for unknown paths and methods. To document one in
+	// openapi.json, mark its operation "x-orderpipe-extra": true (the
+	// router test leaves those to the tests of the package that adds them).
 	Extra func(mux *http.ServeMux, auth func(http.Handler) http.Handler)
 	// NewOrderNo replaces order.NewOrderNo (tests).
 	NewOrderNo func(time.Time) string
