@@ -1,0 +1,282 @@
+package consumers_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"orderpipe/consumers"
+	"orderpipe/consumers/pipetest"
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/psp"
+	"orderpipe/shared/testenv"
+)
+
+func publishRaw(t *testing.T, e *pipetest.Env, subject string, data []byte, orderID string) {
+	t.Helper()
+	id := "raw-" + uuid.NewString()
+	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+	m.Header.Set(orderevent.HeaderMsgID, id)
+	if orderID != "" {
+		m.Header.Set(orderevent.HeaderOrderID, orderID)
+	}
+	if _, err := e.NATS.JS.PublishMsg(context.Background(), m, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func deadLetters(t *testing.T, e *pipetest.Env) []consumers.DeadLetter {
+	t.Helper()
+	dls, err := consumers.ListDeadLetters(context.Background(), e.DB.Pool, true, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dls
+}
+
+// TestMalformedPayloads sends every step payloads it can never process:
+// each ends in the dead letters (with the step's name), acked, and
+// nothing else changes.
+func TestMalformedPayloads(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{})
+	stock(t, e)
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(time.Second)...)
+	valid := func(name orderevent.Name, mutate func(*orderevent.Event)) []byte {
+		ev := orderevent.Event{Version: orderevent.Version, Name: name, OrderID: uuid.New(), ClientID: e.ClientID,
+			RequestID: "req-1", Status: name.Status(), OccurredAt: time.Now().UTC()}
+		if mutate != nil {
+			mutate(&ev)
+		}
+		b, _ := json.Marshal(ev)
+		return b
+	}
+	steps := map[string]orderevent.Name{"inventory": orderevent.Accepted, "payment": orderevent.Reserved, "confirm": orderevent.Paid}
+	cases := map[string]func(orderevent.Name) []byte{
+		"not json":        func(orderevent.Name) []byte { return []byte("not json") },
+		"empty":           func(orderevent.Name) []byte { return nil },
+		"unknown version": func(n orderevent.Name) []byte { return valid(n, func(ev *orderevent.Event) { ev.Version = 99 }) },
+		"missing order":   func(n orderevent.Name) []byte { return valid(n, func(ev *orderevent.Event) { ev.OrderID = uuid.Nil }) },
+		"bad request id":  func(n orderevent.Name) []byte { return valid(n, func(ev *orderevent.Event) { ev.RequestID = "no spaces" }) },
+		"other event":     func(orderevent.Name) []byte { return valid(orderevent.Confirmed, nil) },
+		"unknown order":   func(n orderevent.Name) []byte { return valid(n, nil) },
+	}
+	want := map[string]int{}
+	for stepName, ev := range steps {
+		for range cases {
+			want[stepName]++
+		}
+		for _, mk := range cases {
+			publishRaw(t, e, e.App.Topology.Subject(ev), mk(ev), "")
+		}
+	}
+	testenv.WaitFor(t, 60*time.Second, "every malformed message dead-lettered", func() bool {
+		return len(deadLetters(t, e)) == len(steps)*len(cases)
+	})
+	got := map[string]int{}
+	for _, d := range deadLetters(t, e) {
+		got[d.Consumer]++
+		if d.Error == "" || d.Subject == "" || d.Attempts < 1 {
+			t.Errorf("dead letter %+v lacks its error, subject or attempts", d)
+		}
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %d dead letters, want %d", k, got[k], v)
+		}
+	}
+	var n int
+	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM processed_messages) + (SELECT count(*) FROM psp_charges)`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("malformed messages changed something: %d rows (%v)", n, err)
+	}
+}
+
+// TestPoisonOrderLeftThenReplayed: an order whose row the stock step cannot
+// read is dead-lettered and left in processing (for the compensator); once
+// an operator fixed it, `dlq replay` gets it through, and a second replay
+// changes nothing.
+func TestPoisonOrderLeftThenReplayed(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{})
+	stock(t, e)
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(time.Second)...)
+	id := e.CreateOrder(t, "9.00") // no lines: the stock step cannot reserve it
+	good := e.CreateOrder(t, "9.00", lines...)
+	testenv.WaitFor(t, 30*time.Second, "the poison message dead-lettered", func() bool { return len(deadLetters(t, e)) == 1 })
+	dl := deadLetters(t, e)[0]
+	if dl.Consumer != "inventory" || dl.OrderID == nil || *dl.OrderID != id || !strings.Contains(dl.Error, "no items") {
+		t.Fatalf("dead letter %+v", dl)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the good order confirmed", func() bool { return e.Status(t, good) == order.StatusConfirmed })
+	if s := e.Status(t, id); s != order.StatusProcessing {
+		t.Fatalf("poisoned order: %s, want left in processing", s)
+	}
+	if _, err := e.DB.Pool.Exec(context.Background(), `UPDATE orders SET items = '[{"sku":"SKU-1","quantity":1}]' WHERE order_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	// Replay through the command, as an operator would.
+	var out bytes.Buffer
+	err := runCmd(t, consumers.DLQCommand(), config.Config{DatabaseURL: e.DB.URL, NATSURL: e.NATS.URL, ShutdownTimeout: time.Second}, &out, "replay", fmt.Sprint(dl.ID))
+	if err != nil {
+		t.Fatalf("dlq replay: %v", err)
+	}
+	if !strings.Contains(out.String(), ":dlq") {
+		t.Fatalf("dlq replay printed %q", out.String())
+	}
+	testenv.WaitFor(t, 30*time.Second, "the replayed order confirmed", func() bool { return e.Status(t, id) == order.StatusConfirmed })
+	if _, err := consumers.ReplayDeadLetter(context.Background(), e.DB.Pool, e.NATS.JS, dl.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, err := consumers.GetDeadLetter(context.Background(), e.DB.Pool, dl.ID)
+	if err != nil || got.Replays != 2 || got.ReplayedAt == nil {
+		t.Fatalf("after two replays: %+v, %v", got, err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the second replay consumed", func() bool {
+		c, err := e.NATS.JS.Consumer(context.Background(), e.App.Topology.Stream, "inventory")
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(context.Background())
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+	e.CheckInvariants(t)
+	out.Reset()
+	if err := runCmd(t, consumers.DLQCommand(), config.Config{DatabaseURL: e.DB.URL}, &out, "--all", "list"); err != nil || !strings.Contains(out.String(), "inventory") {
+		t.Fatalf("dlq list: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := runCmd(t, consumers.DLQCommand(), config.Config{DatabaseURL: e.DB.URL}, &out, "--json", "--all", "list"); err != nil {
+		t.Fatal(err)
+	}
+	var d consumers.DeadLetter
+	if err := json.Unmarshal(out.Bytes(), &d); err != nil || d.ID != dl.ID {
+		t.Fatalf("dlq list --json: %v, %q", err, out.String())
+	}
+	out.Reset()
+	if err := runCmd(t, consumers.DLQCommand(), config.Config{DatabaseURL: e.DB.URL}, &out, "list"); err != nil || strings.Contains(out.String(), "inventory") {
+		t.Fatalf("dlq list without --all shows replayed letters: %v\n%s", err, out.String())
+	}
+}
+
+// TestRetriesExhausted: a provider that never answers exhausts the
+// deliveries; the message is dead-lettered, the order left reserved; with
+// the provider back, a replay gets it through.
+func TestRetriesExhausted(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{})
+	stock(t, e)
+	cfg := pipetest.Config()
+	cfg.MaxDeliver = 3
+	down := *e
+	down.PSPURL = "http://127.0.0.1:1" // nothing listens there
+	r := pipetest.Start(t, e.App, cfg, down.Steps(200*time.Millisecond)...)
+	id := e.CreateOrder(t, "6.00", lines...)
+	testenv.WaitFor(t, 30*time.Second, "the payment dead-lettered", func() bool { return len(deadLetters(t, e)) == 1 })
+	dl := deadLetters(t, e)[0]
+	if dl.Consumer != "payment" || dl.Attempts != 3 || !strings.Contains(dl.Error, "retries exhausted") {
+		t.Fatalf("dead letter %+v", dl)
+	}
+	if s := e.Status(t, id); s != order.StatusReserved {
+		t.Fatalf("order: %s, want left reserved", s)
+	}
+	r.Stop(t)
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
+	if _, err := consumers.ReplayDeadLetter(context.Background(), e.DB.Pool, e.NATS.JS, dl.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.WaitTerminal(t, 30*time.Second)
+	if s := e.Status(t, id); s != order.StatusConfirmed {
+		t.Fatalf("order after replay: %s, want confirmed", s)
+	}
+	e.CheckInvariants(t)
+}
+
+func runCmd(t *testing.T, cmd cli.Command, cfg config.Config, out io.Writer, args ...string) error {
+	t.Helper()
+	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if cmd.Setup != nil {
+		cmd.Setup(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return cli.Usagef("%v", err)
+	}
+	return cmd.Run(context.Background(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: out, Stderr: io.Discard, Config: cfg})
+}
+
+// TestCommandsRefuseBadArguments checks the command lines before any
+// connection is made (an empty config would fail otherwise).
+func TestCommandsRefuseBadArguments(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		cmd  cli.Command
+		args []string
+	}{
+		{consumers.DLQCommand(), nil},
+		{consumers.DLQCommand(), []string{"nuke"}},
+		{consumers.DLQCommand(), []string{"replay"}},
+		{consumers.DLQCommand(), []string{"replay", "abc"}},
+		{consumers.DLQCommand(), []string{"replay", "0"}},
+		{consumers.DLQCommand(), []string{"replay", "-3"}},
+		{consumers.DLQCommand(), []string{"replay", "1", "2"}},
+		{consumers.DLQCommand(), []string{"list", "extra"}},
+		{consumers.DLQCommand(), []string{"--limit", "0", "list"}},
+		{consumers.DLQCommand(), []string{"--limit", "many", "list"}},
+		{consumers.InventoryCommand(), nil},
+		{consumers.InventoryCommand(), []string{"get"}},
+		{consumers.InventoryCommand(), []string{"set"}},
+		{consumers.InventoryCommand(), []string{"set", "SKU-1"}},
+		{consumers.InventoryCommand(), []string{"set", "SKU-1", "-5"}},
+		{consumers.InventoryCommand(), []string{"set", "SKU-1", "lots"}},
+		{consumers.InventoryCommand(), []string{"set", "SKU 1", "5"}},
+		{consumers.InventoryCommand(), []string{"set", strings.Repeat("S", 65), "5"}},
+		{consumers.InventoryCommand(), []string{"set", "SKU-1", "5", "6"}},
+		{consumers.InventoryCommand(), []string{"list", "x"}},
+		{consumers.Command(), []string{"extra"}},
+	}
+	for _, tc := range cases {
+		err := runCmd(t, tc.cmd, config.Config{}, io.Discard, tc.args...)
+		var ue cli.UsageError
+		if !errors.As(err, &ue) {
+			t.Errorf("%s %q: %v, want a usage error", tc.cmd.Name, tc.args, err)
+		}
+	}
+	// Well-formed, but no database configured: an error naming the variable.
+	if err := runCmd(t, consumers.InventoryCommand(), config.Config{}, io.Discard, "list"); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Errorf("inventory list without DATABASE_URL: %v", err)
+	}
+}
+
+func TestInventoryCommand(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	cfg := config.Config{DatabaseURL: db.URL}
+	var out bytes.Buffer
+	if err := runCmd(t, consumers.InventoryCommand(), cfg, &out, "set", "SKU-9", "12"); err != nil {
+		t.Fatal(err)
+	}
+	if err := runCmd(t, consumers.InventoryCommand(), cfg, &out, "set", "SKU-10", "0"); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := runCmd(t, consumers.InventoryCommand(), cfg, &out, "list"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "SKU-9") || !strings.Contains(out.String(), "12") || !strings.Contains(out.String(), "SKU-10") {
+		t.Fatalf("list:\n%s", out.String())
+	}
+}
