@@ -71,9 +71,11 @@ func TestMalformedPayloads(t *testing.T) {
 		"empty":           func(orderevent.Name) []byte { return nil },
 		"unknown version": func(n orderevent.Name) []byte { return valid(n, func(ev *orderevent.Event) { ev.Version = 99 }) },
 		"missing order":   func(n orderevent.Name) []byte { return valid(n, func(ev *orderevent.Event) { ev.OrderID = uuid.Nil }) },
-		"bad request id":  func(n orderevent.Name) []byte { return valid(n, func(ev *orderevent.Event) { ev.RequestID = "no spaces" }) },
-		"other event":     func(orderevent.Name) []byte { return valid(orderevent.Confirmed, nil) },
-		"unknown order":   func(n orderevent.Name) []byte { return valid(n, nil) },
+		"bad request id": func(n orderevent.Name) []byte {
+			return valid(n, func(ev *orderevent.Event) { ev.RequestID = "no spaces" })
+		},
+		"other event":   func(orderevent.Name) []byte { return valid(orderevent.Confirmed, nil) },
+		"unknown order": func(n orderevent.Name) []byte { return valid(n, nil) },
 	}
 	want := map[string]int{}
 	for stepName, ev := range steps {
