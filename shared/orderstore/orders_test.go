@@ -140,15 +140,18 @@ func TestConcurrentInsertsOfOneKey(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make([]orderstore.Inserted, n)
 	errs := make([]error, n)
+	start := make(chan struct{})
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			<-start
 			results[i], errs[i] = orderstore.Insert(ctx, db.Pool, client, request(t, "same", `"5.00"`), orderstore.InsertOptions{})
 		}()
 	}
+	close(start)
 	wg.Wait()
-	fresh := 0
+	fresh, conflicts := 0, 0
 	for i := range n {
 		if errs[i] != nil {
 			t.Fatalf("insert %d: %v", i, errs[i])
@@ -156,12 +159,20 @@ func TestConcurrentInsertsOfOneKey(t *testing.T) {
 		if !results[i].Replayed {
 			fresh++
 		}
+		if results[i].RequestIDConflict {
+			conflicts++
+		}
 		if results[i].Order.ID != results[0].Order.ID {
 			t.Fatal("two order ids for one key")
 		}
 	}
 	if fresh != 1 {
 		t.Fatalf("%d fresh inserts", fresh)
+	}
+	// Racing inserts met the unique constraint and were answered from the
+	// winner's row (the fast-path read cannot see an uncommitted order).
+	if conflicts == 0 {
+		t.Fatalf("no insert met uk_order_request; the race was not exercised")
 	}
 	if c := count(t, db.Pool, `SELECT count(*) FROM orders`); c != 1 {
 		t.Fatalf("%d rows", c)
