@@ -2,6 +2,7 @@ package compensator_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"strings"
@@ -114,6 +115,8 @@ type spec struct {
 	// payment: "" none, "pending" (charge outcome unknown, provider never
 	// got it), "succeeded" (charged through the provider).
 	payment string
+	// lost: the order's events never reached the stream.
+	lost bool
 }
 
 // newOrder creates an order as the intake and the consumers would have
@@ -124,9 +127,17 @@ func (w *world) newOrder(s spec) uuid.UUID {
 	id := uuid.Must(uuid.NewV7())
 	rid := "r" + strings.ReplaceAll(id.String(), "-", "")[:20]
 	var outboxIDs []int64
-	err := pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
+	items := []order.Item{}
+	for sku, q := range s.lines {
+		items = append(items, order.Item{SKU: sku, Quantity: q})
+	}
+	raw, err := json.Marshal(items)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount, currency)
-			VALUES ($1, $2, $3, $4, '\x00', 'processing', 1, '[]', 12.50, 'CNY')`, id, order.NewOrderNo(time.Now()), w.client, rid); err != nil {
+			VALUES ($1, $2, $3, $4, '\x00', 'processing', 1, $5, 12.50, 'CNY')`, id, order.NewOrderNo(time.Now()), w.client, rid, raw); err != nil {
 			return err
 		}
 		oid, err := orderstore.Record(ctx, tx, id, w.client, rid, order.StatusProcessing, "")
@@ -165,7 +176,10 @@ func (w *world) newOrder(s spec) uuid.UUID {
 		}
 		w.exec(`INSERT INTO payments (order_id, idempotency_key, amount, currency, status, charge_id) VALUES ($1, $2, 12.50, 'CNY', 'succeeded', $3)`, id, key, ans.ID)
 	}
-	if err := w.relay.Publish(ctx, outboxIDs...); err != nil {
+	if s.lost {
+		// Published and lost by the broker: stamped, never in the stream.
+		w.exec(`UPDATE outbox SET published_at = now() WHERE id = ANY($1)`, outboxIDs)
+	} else if err := w.relay.Publish(ctx, outboxIDs...); err != nil {
 		w.t.Fatalf("publish: %v", err)
 	}
 	return id
