@@ -1,0 +1,156 @@
+package payment_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"orderpipe/consumers/confirm"
+	"orderpipe/consumers/inventory"
+	"orderpipe/consumers/payment"
+	"orderpipe/consumers/pipetest"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderstore"
+	"orderpipe/shared/psp"
+	"orderpipe/shared/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func count(t *testing.T, e *pipetest.Env, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := e.DB.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// unwind does what the compensator does to an order it gives up on:
+// cancelled, stock released, in one transaction; then the refund.
+func unwind(t *testing.T, e *pipetest.Env, id uuid.UUID, from order.Status) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, e.DB.Pool, func(tx pgx.Tx) error {
+		moved, err := orderstore.Transition(ctx, tx, id, from, order.StatusCancelled, "test: unwound")
+		if err != nil {
+			return err
+		}
+		if !moved.OK {
+			t.Fatalf("unwind: order is %s, not %s", moved.Current, from)
+		}
+		_, err = inventory.Release(ctx, tx, id)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setup(t *testing.T, opts psp.Options) *pipetest.Env {
+	e := pipetest.New(t, opts)
+	e.Stock(t, "SKU-1", 100)
+	return e
+}
+
+// TestRefundExactlyOnce: a paid order (no confirm step running) is
+// unwound; Refund, called again and again, refunds it once.
+func TestRefundExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, psp.Options{})
+	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	pipetest.Start(t, e.App, pipetest.Config(), inventory.Step(), payment.Step(e.DB.Pool, client))
+	id := e.CreateOrder(t, "12.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	testenv.WaitFor(t, 20*time.Second, "the order paid", func() bool { return e.Status(t, id) == order.StatusPaid })
+	unwind(t, e, id, order.StatusPaid)
+	var first payment.Refunded
+	for i := range 3 {
+		r, err := payment.Refund(context.Background(), e.DB.Pool, client, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = r
+		}
+		if r.RefundID == "" || r != first {
+			t.Fatalf("refund %d = %+v, want %+v", i, r, first)
+		}
+	}
+	if n := count(t, e, `SELECT count(*) FROM psp_refunds`); n != 1 {
+		t.Fatalf("%d refunds at the provider, want 1", n)
+	}
+	if n := count(t, e, `SELECT count(*) FROM payments WHERE order_id = $1 AND status = 'refunded'`, id); n != 1 {
+		t.Fatal("payment not recorded as refunded")
+	}
+	e.CheckInvariants(t)
+}
+
+// TestRefundOfPendingPayment: the step recorded a pending payment and died
+// (the provider may or may not have charged): Refund learns the outcome
+// with the charge's own key and refunds it.
+func TestRefundOfPendingPayment(t *testing.T) {
+	t.Parallel()
+	e := setup(t, psp.Options{})
+	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	id, _ := e.InsertOrder(t, "3.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	if _, err := e.DB.Pool.Exec(context.Background(), `
+		INSERT INTO payments (order_id, idempotency_key, amount, currency, status) VALUES ($1, $2, 3.00, 'CNY', 'pending')`,
+		id, payment.ChargeKey(id)); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := payment.Refund(context.Background(), e.DB.Pool, client, uuid.New()); err != nil || r != (payment.Refunded{}) {
+		t.Fatalf("refund of an order without payment: %+v, %v", r, err)
+	}
+	unwind(t, e, id, order.StatusProcessing)
+	r, err := payment.Refund(context.Background(), e.DB.Pool, client, id)
+	if err != nil || r.ChargeID == "" || r.RefundID == "" {
+		t.Fatalf("refund = %+v, %v", r, err)
+	}
+	e.CheckInvariants(t)
+}
+
+// TestOrderCancelledWhileCharging: the compensator cancels the order while
+// the provider is still charging it; the step finds the order moved, and
+// refunds its own charge instead of moving it to paid.
+func TestOrderCancelledWhileCharging(t *testing.T) {
+	t.Parallel()
+	e := setup(t, psp.Options{Latency: 700 * time.Millisecond})
+	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	pipetest.Start(t, e.App, pipetest.Config(), inventory.Step(), payment.Step(e.DB.Pool, client), confirm.Step())
+	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 2})
+	testenv.WaitFor(t, 20*time.Second, "the charge in flight", func() bool {
+		return count(t, e, `SELECT count(*) FROM psp_charges WHERE reference = $1 AND state = 'in_flight'`, id.String()) == 1
+	})
+	unwind(t, e, id, order.StatusReserved)
+	testenv.WaitFor(t, 20*time.Second, "the charge refunded", func() bool {
+		return count(t, e, `SELECT count(*) FROM payments WHERE order_id = $1 AND status = 'refunded'`, id) == 1
+	})
+	if s := e.Status(t, id); s != order.StatusCancelled {
+		t.Fatalf("order: %s, want cancelled", s)
+	}
+	e.CheckInvariants(t)
+}
+
+// TestDeclineReleasesStock: a declined payment cancels the order with the
+// reason and gives its stock back in the same transaction.
+func TestDeclineReleasesStock(t *testing.T) {
+	t.Parallel()
+	e := setup(t, psp.Options{DeclineRate: 1})
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
+	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 30})
+	e.WaitTerminal(t, 20*time.Second)
+	var status, reason string
+	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT status, reason FROM orders WHERE order_id = $1`, id).Scan(&status, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if status != "cancelled" || reason != "payment declined: card declined" {
+		t.Fatalf("order %s (%q), want cancelled with the decline reason", status, reason)
+	}
+	if n := count(t, e, `SELECT available FROM inventory WHERE sku = 'SKU-1'`); n != 100 {
+		t.Fatalf("stock %d after a decline, want 100", n)
+	}
+	e.CheckInvariants(t)
+}
