@@ -450,7 +450,7 @@ func amountFromJSON(raw json.RawMessage) (Amount, error) {
 		}
 		return ParseAmount(s)
 	}
-	if len(raw) == 0 || !(raw[0] == '-' || (raw[0] >= '0' && raw[0] <= '9')) || !json.Valid(raw) {
+	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) || !json.Valid(raw) {
 		return Amount{}, errors.New("must be a decimal string like \"39.98\" or a JSON number")
 	}
 	return parseDecimal(string(raw), true)
