@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"orderpipe/producer"
+	"orderpipe/producer/client"
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
@@ -99,5 +100,24 @@ func TestDevPart(t *testing.T) {
 	cancel()
 	if err := wait(); err != nil {
 		t.Fatalf("wait: %v", err)
+	}
+}
+
+// The client's defaults follow the server's deadline: an attempt outlasts
+// it by the margin, and the budget holds several attempts.
+func TestClientTimeoutsFollowTheServerDeadline(t *testing.T) {
+	t.Parallel()
+	if client.ServerTimeout != producer.DefaultTimeout {
+		t.Fatalf("client assumes a %s server deadline, the intake's default is %s", client.ServerTimeout, producer.DefaultTimeout)
+	}
+	if client.DefaultAttemptTimeout <= producer.DefaultTimeout+producer.DefaultInlinePublishTimeout/2 || client.Margin < time.Second {
+		t.Fatalf("attempt timeout %s leaves no margin over %s", client.DefaultAttemptTimeout, producer.DefaultTimeout)
+	}
+	if client.DefaultBudget < 3*client.DefaultAttemptTimeout {
+		t.Fatalf("budget %s holds fewer than 3 attempts of %s", client.DefaultBudget, client.DefaultAttemptTimeout)
+	}
+	c := client.New("http://x", "k")
+	if c.AttemptTimeout != client.DefaultAttemptTimeout || c.Budget != client.DefaultBudget {
+		t.Fatalf("New: %+v", c)
 	}
 }
