@@ -158,7 +158,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	// A last relay pass for what the drained handlers committed.
 	cancelRelay()
-	<-relayDone
+	if rerr := <-relayDone; rerr != nil {
+		err = errors.Join(err, rerr)
+	}
 	return err
 }
 

@@ -162,7 +162,9 @@ func TestCrashAfterCommitAndAfterCharge(t *testing.T) {
 			}
 		case <-time.After(60 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			if err := <-done; err != nil {
+				t.Logf("killed child: %v", err)
+			}
 			t.Fatalf("child with %s did not reach its failpoint; output:\n%s", failpoints, out.String())
 		}
 	}

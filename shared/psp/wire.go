@@ -98,7 +98,7 @@ func ParseAmount(s string) (int64, error) {
 	}
 	units, err := strconv.ParseInt(m[1], 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%w: amount %q: %v", ErrInvalid, s, err)
+		return 0, fmt.Errorf("%w: amount %q: %w", ErrInvalid, s, err)
 	}
 	frac := m[2]
 	for len(frac) < 2 {
@@ -122,7 +122,7 @@ func FormatAmount(cents int64) string {
 func decodeStrict(r io.Reader, v any) error {
 	b, err := io.ReadAll(io.LimitReader(r, MaxBodyBytes+1))
 	if err != nil {
-		return fmt.Errorf("%w: read body: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: read body: %w", ErrInvalid, err)
 	}
 	if len(b) > MaxBodyBytes {
 		return fmt.Errorf("%w: body larger than %d bytes", ErrInvalid, MaxBodyBytes)
@@ -130,7 +130,7 @@ func decodeStrict(r io.Reader, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if dec.More() {
 		return fmt.Errorf("%w: trailing data after the JSON object", ErrInvalid)
