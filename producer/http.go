@@ -115,6 +115,10 @@ func (a *API) Service() *Service { return a.svc }
 func problemsForMux(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
+		if pattern != "" && !traced(pattern) {
+			mux.ServeHTTP(w, r)
+			return
+		}
 		if pattern != "" {
 			// Continue the caller's trace (W3C traceparent), so that the
 			// order's events and logs carry it.
@@ -145,6 +149,16 @@ func problemsForMux(mux *http.ServeMux) http.Handler {
 			w.WriteHeader(rec.code)
 		}
 	})
+}
+
+// traced reports whether requests to a pattern get a span: the API's, not
+// health checks, metrics scrapes or the document.
+func traced(pattern string) bool {
+	switch pattern {
+	case "GET /healthz", "GET /readyz", "GET /metrics", "GET /openapi.json":
+		return false
+	}
+	return true
 }
 
 // statusOnly records the status and headers of the mux's error handlers and
