@@ -17,7 +17,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"time"
 
@@ -150,22 +149,4 @@ func (h *Hub) wakeAll() {
 			}
 		}
 	}
-}
-
-// Start runs a hub on pool until ctx ends and returns the function that
-// mounts the stream on an intake mux behind its authentication (the shape
-// of producer.Options.Extra), and wait, which returns once the hub stopped.
-func Start(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, clientID func(*http.Request) (uuid.UUID, bool)) (mount func(mux *http.ServeMux, auth func(http.Handler) http.Handler), wait func()) {
-	hub := NewHub(pool, logger)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := hub.Run(ctx); err != nil {
-			logger.Error("order event listener stopped", slog.Any("error", err))
-		}
-	}()
-	h := &Handler{Pool: pool, Hub: hub, ClientID: clientID, Logger: logger}
-	return func(mux *http.ServeMux, auth func(http.Handler) http.Handler) {
-		mux.Handle(Pattern, auth(h))
-	}, func() { <-done }
 }

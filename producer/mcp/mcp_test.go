@@ -1,0 +1,550 @@
+package mcp_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"orderpipe/producer"
+	"orderpipe/producer/mcp"
+	"orderpipe/producer/orderstream"
+	"orderpipe/shared/app"
+	"orderpipe/shared/config"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderstore"
+	"orderpipe/shared/tenant"
+	"orderpipe/shared/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+type harness struct {
+	t       *testing.T
+	env     *app.Env
+	pool    *pgxpool.Pool
+	natsURL string
+	dbURL   string
+	creds   tenant.Credentials
+	svc     *producer.Service
+}
+
+func setup(t *testing.T) *harness {
+	t.Helper()
+	db := testenv.DB(t)
+	n := testenv.NATS(t)
+	env := &app.Env{
+		Config: config.Config{ShutdownTimeout: 5 * time.Second, AllowPrivateCallbacks: true},
+		Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry(),
+	}
+	creds, err := tenant.Create(context.Background(), db.Pool, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, env: env, pool: db.Pool, natsURL: n.URL, dbURL: db.URL, creds: creds, svc: producer.NewService(env, producer.Options{})}
+}
+
+// progress collects progress notifications.
+type progress struct {
+	mu   sync.Mutex
+	msgs []*sdk.ProgressNotificationParams
+	got  chan struct{}
+}
+
+func newProgress() *progress { return &progress{got: make(chan struct{}, 100)} }
+
+func (p *progress) handler(_ context.Context, req *sdk.ProgressNotificationClientRequest) {
+	p.mu.Lock()
+	p.msgs = append(p.msgs, req.Params)
+	p.mu.Unlock()
+	select {
+	case p.got <- struct{}{}:
+	default:
+	}
+}
+
+func newClient(p *progress) *sdk.Client {
+	return sdk.NewClient(&sdk.Implementation{Name: "test-agent", Version: "1"}, &sdk.ClientOptions{ProgressNotificationHandler: p.handler})
+}
+
+// inMemory connects a client to a server for the harness's client, over
+// in-memory transports (what stdio carries, without the pipes).
+func (h *harness) inMemory(p *progress) *sdk.ClientSession {
+	h.t.Helper()
+	hub := orderstream.NewHub(h.pool, testenv.Logger(h.t))
+	runHub(h.t, hub)
+	clientID := h.creds.ClientID
+	srv, err := mcp.NewServer(mcp.Options{Intake: h.svc, Waker: hub, Logger: testenv.Logger(h.t), Poll: 50 * time.Millisecond,
+		ProgressEvery: 100 * time.Millisecond,
+		Client:        func(context.Context, *sdk.CallToolRequest) (uuid.UUID, bool) { return clientID, true }})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	st, ct := sdk.NewInMemoryTransports()
+	ctx := context.Background()
+	ss, err := srv.Connect(ctx, st, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	cs, err := newClient(p).Connect(ctx, ct, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() {
+		_ = cs.Close()
+		_ = ss.Wait()
+	})
+	return cs
+}
+
+func runHub(t *testing.T, hub *orderstream.Hub) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = hub.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+type bearer struct {
+	key  string
+	next http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.key)
+	return b.next.RoundTrip(r)
+}
+
+// overHTTP serves the intake with the extra routes (events stream and
+// /mcp) and connects a client to /mcp with the harness's API key.
+func (h *harness) overHTTP(p *progress) (*sdk.ClientSession, *httptest.Server) {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	clientID := func(r *http.Request) (uuid.UUID, bool) {
+		c, ok := producer.ClientFrom(r.Context())
+		return c.ID, ok
+	}
+	extra, wait, err := mcp.Routes(ctx, h.env, h.svc, clientID)
+	if err != nil {
+		cancel()
+		h.t.Fatal(err)
+	}
+	srv := httptest.NewServer(producer.Handler(h.env, producer.Options{Extra: extra}))
+	h.t.Cleanup(func() { cancel(); wait() })
+	h.t.Cleanup(srv.Close)
+	tr := &http.Transport{}
+	h.t.Cleanup(tr.CloseIdleConnections)
+	cs, err := newClient(p).Connect(context.Background(), &sdk.StreamableClientTransport{
+		Endpoint:   srv.URL + mcp.Path,
+		HTTPClient: &http.Client{Transport: bearer{key: h.creds.APIKey, next: tr}},
+		MaxRetries: -1,
+	}, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = cs.Close() })
+	return cs, srv
+}
+
+type toolProblem struct {
+	Code      int    `json:"code"`
+	Retryable bool   `json:"retryable"`
+	Detail    string `json:"detail"`
+	Errors    []struct {
+		Field   string `json:"field"`
+		Message string `json:"message"`
+	} `json:"errors"`
+}
+
+type callResult struct {
+	isError bool
+	problem toolProblem
+	result  mcp.OrderResult
+	raw     string
+}
+
+func call(t *testing.T, cs *sdk.ClientSession, tool string, args any, progressToken any) callResult {
+	t.Helper()
+	params := &sdk.CallToolParams{Name: tool, Arguments: args}
+	if progressToken != nil {
+		params.SetProgressToken(progressToken)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, params)
+	if err != nil {
+		t.Fatalf("%s: protocol error %v", tool, err)
+	}
+	b, _ := json.Marshal(res.StructuredContent)
+	out := callResult{isError: res.IsError, raw: string(b)}
+	if len(res.Content) == 0 {
+		t.Fatalf("%s: no content", tool)
+	}
+	if res.IsError {
+		if err := json.Unmarshal(b, &out.problem); err != nil || out.problem.Code == 0 {
+			t.Fatalf("%s: error result without a problem: %s", tool, b)
+		}
+		return out
+	}
+	if err := json.Unmarshal(b, &out.result); err != nil {
+		t.Fatalf("%s: result %s: %v", tool, b, err)
+	}
+	return out
+}
+
+func createArgs(requestID string) map[string]any {
+	return map[string]any{"request_id": requestID, "user_id": 42, "items": []any{map[string]any{"sku": "SKU-1", "quantity": 2}},
+		"amount": "39.98", "currency": "CNY"}
+}
+
+func (h *harness) move(id uuid.UUID, from, to order.Status) {
+	h.t.Helper()
+	err := pgx.BeginFunc(context.Background(), h.pool, func(tx pgx.Tx) error {
+		_, err := orderstore.Transition(context.Background(), tx, id, from, to, "")
+		return err
+	})
+	if err != nil {
+		h.t.Error(err)
+	}
+}
+
+// drive runs create_order → wait_for_order on a session: the order moves
+// on (in the database, as the pipeline would) once the waiter reported
+// progress, and the wait returns at the terminal state.
+func (h *harness) drive(cs *sdk.ClientSession, p *progress) {
+	t := h.t
+	rid := order.NewRequestID(time.Now())
+	first := call(t, cs, mcp.ToolCreateOrder, createArgs(rid), nil)
+	if first.isError || first.result.Order.Status != order.StatusProcessing || first.result.Replayed || first.result.Order.RequestID != rid {
+		t.Fatalf("create_order: %s", first.raw)
+	}
+	// A retry with the same request_id: the same order, nothing new.
+	again := call(t, cs, mcp.ToolCreateOrder, createArgs(rid), nil)
+	if again.isError || !again.result.Replayed || again.result.Order.ID != first.result.Order.ID {
+		t.Fatalf("retried create_order: %s", again.raw)
+	}
+	id := first.result.Order.ID
+	go func() {
+		select {
+		case <-p.got:
+		case <-time.After(20 * time.Second):
+		}
+		h.move(id, order.StatusProcessing, order.StatusReserved)
+		h.move(id, order.StatusReserved, order.StatusPaid)
+		h.move(id, order.StatusPaid, order.StatusConfirmed)
+	}()
+	done := call(t, cs, mcp.ToolWaitForOrder, map[string]any{"order_id": id.String(), "timeout_seconds": 60}, "wait-1")
+	if done.isError || !done.result.Terminal || done.result.Order.Status != order.StatusConfirmed || done.result.TimedOut {
+		t.Fatalf("wait_for_order: %s", done.raw)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.msgs) == 0 || p.msgs[0].ProgressToken != "wait-1" || !strings.Contains(p.msgs[0].Message, "processing") {
+		t.Fatalf("progress notifications: %+v", p.msgs)
+	}
+	for i := 1; i < len(p.msgs); i++ {
+		if p.msgs[i].Progress <= p.msgs[i-1].Progress {
+			t.Fatalf("progress did not increase: %+v", p.msgs)
+		}
+	}
+}
+
+func TestCreateAndWaitInMemory(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	p := newProgress()
+	h.drive(h.inMemory(p), p)
+}
+
+func TestCreateAndWaitOverHTTP(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	p := newProgress()
+	cs, _ := h.overHTTP(p)
+	h.drive(cs, p)
+}
+
+// TestStdio runs the real stdio entry point (RunStdio: key from the
+// environment, its own connections) on pipes.
+func TestStdio(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	cfg := config.Config{DatabaseURL: h.dbURL, NATSURL: h.natsURL, LogFormat: "text", LogLevel: "debug", StreamReplicas: 1,
+		ShutdownTimeout: 5 * time.Second, AllowPrivateCallbacks: true}
+	newIntake := func(env *app.Env) (mcp.Intake, error) { return producer.NewService(env, producer.Options{}), nil }
+
+	// Refusals before serving.
+	if err := mcp.RunStdio(context.Background(), cfg, "", strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "ORDERPIPE_API_KEY") {
+		t.Fatalf("without a key: %v", err)
+	}
+	if err := mcp.RunStdio(context.Background(), cfg, "opk_unknown", strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "ORDERPIPE_API_KEY") {
+		t.Fatalf("with an unknown key: %v", err)
+	}
+	if err := mcp.RunStdio(context.Background(), config.Config{}, h.creds.APIKey, strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Fatalf("without DATABASE_URL: %v", err)
+	}
+
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- mcp.RunStdio(context.Background(), cfg, h.creds.APIKey, inR, outW, testWriter{t}, newIntake)
+		_ = outW.Close()
+	}()
+	p := newProgress()
+	cs, err := newClient(p).Connect(context.Background(), &sdk.IOTransport{Reader: outR, Writer: inW}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rid := order.NewRequestID(time.Now())
+	res := call(t, cs, mcp.ToolCreateOrder, createArgs(rid), nil)
+	if res.isError || res.result.Order.RequestID != rid {
+		t.Fatalf("create_order over stdio: %s", res.raw)
+	}
+	o, err := orderstore.GetByRequestID(context.Background(), h.pool, h.creds.ClientID, rid)
+	if err != nil || o.ID != res.result.Order.ID {
+		t.Fatalf("the order is not the client's: %v", err)
+	}
+	h.move(o.ID, order.StatusProcessing, order.StatusRejected)
+	w := call(t, cs, mcp.ToolWaitForOrder, map[string]any{"order_id": o.ID.String()}, nil)
+	if w.isError || w.result.Order.Status != order.StatusRejected {
+		t.Fatalf("wait_for_order over stdio: %s", w.raw)
+	}
+	_ = cs.Close() // closes stdin: the server returns
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("RunStdio: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("RunStdio did not return after stdin closed")
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func TestSchemaRequiresRequestID(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	cs := h.inMemory(newProgress())
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var create *sdk.Tool
+	for _, tl := range tools.Tools {
+		if tl.Name == mcp.ToolCreateOrder {
+			create = tl
+		}
+	}
+	if create == nil {
+		t.Fatal("no create_order tool")
+	}
+	b, _ := json.Marshal(create.InputSchema)
+	var schema struct {
+		Required   []string `json:"required"`
+		Properties map[string]struct {
+			MinLength *int   `json:"minLength"`
+			MaxLength *int   `json:"maxLength"`
+			Pattern   string `json:"pattern"`
+		} `json:"properties"`
+		AdditionalProperties any `json:"additionalProperties"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	rid := schema.Properties["request_id"]
+	if !contains(schema.Required, "request_id") || rid.MinLength == nil || *rid.MinLength != 1 || rid.MaxLength == nil ||
+		*rid.MaxLength != 64 || rid.Pattern != order.RequestIDPattern || schema.AdditionalProperties == nil {
+		t.Fatalf("create_order schema: %s", b)
+	}
+	if !strings.Contains(create.Description, "reuse the SAME request_id on every retry") {
+		t.Fatalf("description: %s", create.Description)
+	}
+
+	// Without request_id (or with an empty one) the call is refused by the
+	// schema, with the invalid-input code, and nothing is created.
+	noID := createArgs("x")
+	delete(noID, "request_id")
+	for _, args := range []map[string]any{noID, createArgs("")} {
+		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
+		if !r.isError || r.problem.Code != 201 || r.problem.Retryable || !strings.Contains(r.raw, "request_id") {
+			t.Fatalf("create without request_id: %s", r.raw)
+		}
+	}
+	var n int
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d orders after refused calls (%v)", n, err)
+	}
+}
+
+func contains(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// TestMalformedArguments: every tool refuses bad arguments with code 201
+// (do not retry) and creates nothing.
+func TestMalformedArguments(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	cs := h.inMemory(newProgress())
+	with := func(k string, v any) map[string]any {
+		a := createArgs(order.NewRequestID(time.Now()))
+		if v == nil {
+			delete(a, k)
+		} else {
+			a[k] = v
+		}
+		return a
+	}
+	many := make([]any, 101)
+	for i := range many {
+		many[i] = map[string]any{"sku": "S" + uuid.NewString()[:8], "quantity": 1}
+	}
+	cases := map[string]map[string]any{
+		"request_id too long":      with("request_id", strings.Repeat("a", 65)),
+		"request_id bad character": with("request_id", "a b"),
+		"request_id not a string":  with("request_id", 12),
+		"no user_id":               with("user_id", nil),
+		"user_id 0":                with("user_id", 0),
+		"user_id fraction":         with("user_id", 1.5),
+		"user_id string":           with("user_id", "42"),
+		"no items":                 with("items", nil),
+		"empty items":              with("items", []any{}),
+		"101 items":                with("items", many),
+		"quantity 0":               with("items", []any{map[string]any{"sku": "SKU-1", "quantity": 0}}),
+		"quantity 10001":           with("items", []any{map[string]any{"sku": "SKU-1", "quantity": 10001}}),
+		"bad sku":                  with("items", []any{map[string]any{"sku": "SKU 1", "quantity": 1}}),
+		"item extra field":         with("items", []any{map[string]any{"sku": "SKU-1", "quantity": 1, "price": 3}}),
+		"repeated sku":             with("items", []any{map[string]any{"sku": "SKU-1", "quantity": 1}, map[string]any{"sku": "SKU-1", "quantity": 1}}),
+		"amount 0":                 with("amount", "0"),
+		"amount 3 decimals":        with("amount", "1.234"),
+		"amount negative":          with("amount", -1),
+		"amount words":             with("amount", "ten"),
+		"currency lower case":      with("currency", "cny"),
+		"currency unknown":         with("currency", "XXX"),
+		"callback ftp":             with("callback_url", "ftp://shop.example/h"),
+		"callback not a URL":       with("callback_url", "shop"),
+		"unknown field":            with("coupon", "FREE"),
+	}
+	for name, args := range cases {
+		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
+		if !r.isError || r.problem.Code != 201 || r.problem.Retryable {
+			t.Errorf("create_order %s: %s", name, r.raw)
+		}
+	}
+	for name, args := range map[string]map[string]any{
+		"neither":        {},
+		"both":           {"order_id": uuid.NewString(), "request_id": "r1"},
+		"bad order_id":   {"order_id": "42"},
+		"bad request_id": {"request_id": "a/b"},
+		"extra":          {"order_id": uuid.NewString(), "x": 1},
+	} {
+		r := call(t, cs, mcp.ToolGetOrder, args, nil)
+		if !r.isError || r.problem.Code != 201 {
+			t.Errorf("get_order %s: %s", name, r.raw)
+		}
+	}
+	for name, args := range map[string]map[string]any{
+		"no order_id":   {"timeout_seconds": 5},
+		"bad order_id":  {"order_id": "zz"},
+		"timeout 0":     {"order_id": uuid.NewString(), "timeout_seconds": 0},
+		"timeout 301":   {"order_id": uuid.NewString(), "timeout_seconds": 301},
+		"timeout text":  {"order_id": uuid.NewString(), "timeout_seconds": "5"},
+		"timeout float": {"order_id": uuid.NewString(), "timeout_seconds": 1.5},
+	} {
+		r := call(t, cs, mcp.ToolWaitForOrder, args, nil)
+		if !r.isError || r.problem.Code != 201 {
+			t.Errorf("wait_for_order %s: %s", name, r.raw)
+		}
+	}
+	var n int
+	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d orders after refused calls (%v)", n, err)
+	}
+}
+
+func TestErrorsCarryTheHTTPCodes(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	cs := h.inMemory(newProgress())
+	rid := order.NewRequestID(time.Now())
+	first := call(t, cs, mcp.ToolCreateOrder, createArgs(rid), nil)
+	if first.isError {
+		t.Fatal(first.raw)
+	}
+	changed := createArgs(rid)
+	changed["amount"] = "1.00"
+	if r := call(t, cs, mcp.ToolCreateOrder, changed, nil); !r.isError || r.problem.Code != 207 || r.problem.Retryable {
+		t.Fatalf("same request_id, other payload: %s", r.raw)
+	}
+	if r := call(t, cs, mcp.ToolGetOrder, map[string]any{"order_id": uuid.NewString()}, nil); !r.isError || r.problem.Code != 203 {
+		t.Fatalf("unknown order: %s", r.raw)
+	}
+	if r := call(t, cs, mcp.ToolGetOrder, map[string]any{"request_id": rid}, nil); r.isError || r.result.Order.ID != first.result.Order.ID {
+		t.Fatalf("get by request_id: %s", r.raw)
+	}
+	if r := call(t, cs, mcp.ToolGetOrder, map[string]any{"order_id": first.result.Order.ID.String()}, nil); r.isError || r.result.Order.RequestID != rid {
+		t.Fatalf("get by order_id: %s", r.raw)
+	}
+	// Another client cannot see it.
+	other, err := tenant.Create(context.Background(), h.pool, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.creds = other
+	cs2 := h.inMemory(newProgress())
+	if r := call(t, cs2, mcp.ToolGetOrder, map[string]any{"order_id": first.result.Order.ID.String()}, nil); !r.isError || r.problem.Code != 203 {
+		t.Fatalf("another client's order: %s", r.raw)
+	}
+	if r := call(t, cs2, mcp.ToolWaitForOrder, map[string]any{"order_id": first.result.Order.ID.String(), "timeout_seconds": 1}, nil); !r.isError || r.problem.Code != 203 {
+		t.Fatalf("waiting for another client's order: %s", r.raw)
+	}
+	// A wait that times out returns the order as it is.
+	if r := call(t, cs, mcp.ToolWaitForOrder, map[string]any{"order_id": first.result.Order.ID.String(), "timeout_seconds": 1}, nil); r.isError || !r.result.TimedOut || r.result.Terminal {
+		t.Fatalf("timed-out wait: %s", r.raw)
+	}
+}
+
+func TestHTTPRequiresTheAPIKey(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	_, srv := h.overHTTP(newProgress())
+	for _, key := range []string{"", "opk_wrong"} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+mcp.Path, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != 401 || !strings.Contains(string(body), `"code":202`) {
+			t.Errorf("key %q: %d %s", key, resp.StatusCode, body)
+		}
+	}
+}
