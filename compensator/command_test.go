@@ -22,6 +22,12 @@ import (
 // run runs a command the way main does: flags, then Run.
 func run(t *testing.T, cmd cli.Command, cfg config.Config, args ...string) (string, error) {
 	t.Helper()
+	return runCtx(context.Background(), t, cmd, cfg, args...)
+}
+
+// runCtx is run until ctx ends (for the daemon).
+func runCtx(ctx context.Context, t *testing.T, cmd cli.Command, cfg config.Config, args ...string) (string, error) {
+	t.Helper()
 	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	if cmd.Setup != nil {
@@ -32,7 +38,7 @@ func run(t *testing.T, cmd cli.Command, cfg config.Config, args ...string) (stri
 	}
 	var out, errOut bytes.Buffer
 	cfg.LogLevel, cfg.LogFormat = "error", "text"
-	err := cmd.Run(context.Background(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: &out, Stderr: &errOut, Config: cfg})
+	err := cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: &out, Stderr: &errOut, Config: cfg})
 	return out.String(), err
 }
 

@@ -3,9 +3,13 @@ package compensator_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net/http/httptest"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +20,8 @@ import (
 
 	"orderpipe/compensator"
 	"orderpipe/consumers/payment"
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
@@ -23,7 +29,39 @@ import (
 	"orderpipe/shared/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	testenv.Main(m)
+}
+
+// childEnv marks the test binary running as `orderpipe compensator` for a
+// crash test; its value is the command line, one argument per line.
+const childEnv = "COMPENSATOR_TEST_CHILD"
+
+// runChild runs the compensator command in this process, configured by the
+// environment like the real binary (failpoints included).
+func runChild() int {
+	cfg, err := config.FromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cmd := compensator.Command()
+	fs := flag.NewFlagSet("compensator", flag.ContinueOnError)
+	cmd.Setup(fs)
+	if err := fs.Parse(strings.Split(os.Getenv(childEnv), "\n")); err != nil {
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: os.Stdout, Stderr: os.Stderr, Config: cfg}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
 
 // world is one test's database, stream, payment provider and relay.
 type world struct {
