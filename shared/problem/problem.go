@@ -193,7 +193,7 @@ func From(err error) *Problem {
 		return New(NotFound, "no such order")
 	case errors.Is(err, tenant.ErrUnauthenticated):
 		return New(Unauthenticated, "send Authorization: Bearer <api key>")
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return New(Unavailable, "the server could not finish within its deadline; retry with the same request_id")
 	case postgres.IsTransient(err):
 		return New(Unavailable, "the database is unreachable; retry with the same request_id")

@@ -62,6 +62,7 @@ func TestFrom(t *testing.T) {
 		{tenant.ErrUnauthenticated, Unauthenticated},
 		{&http.MaxBytesError{Limit: 65536}, TooLarge},
 		{fmt.Errorf("insert: %w", context.DeadlineExceeded), Unavailable},
+		{fmt.Errorf("insert: %w", context.Canceled), Unavailable},
 		{fmt.Errorf("insert: %w", &pgconn.PgError{Code: "08006"}), Unavailable},
 		{fmt.Errorf("insert: %w", &pgconn.PgError{Code: "57P01"}), Unavailable},
 		{fmt.Errorf("wrapped: %w", New(RateLimited, "slow down")), RateLimited},
