@@ -114,7 +114,13 @@ func TestWebhooksEndToEnd(t *testing.T) {
 	wctx, stopWorker := context.WithCancel(ctx)
 	workerDone := make(chan error, 1)
 	go func() { workerDone <- w.Run(wctx) }()
-	t.Cleanup(func() { stopWorker(); <-workerDone; client.CloseIdleConnections() })
+	t.Cleanup(func() {
+		stopWorker()
+		if err := <-workerDone; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+		client.CloseIdleConnections()
+	})
 
 	relay := &outbox.Relay{Pool: e.DB.Pool, JS: e.App.JS, Topology: e.App.Topology, Logger: e.App.Logger}
 	create := func(sku string) uuid.UUID {
