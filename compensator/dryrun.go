@@ -46,7 +46,7 @@ func (c *Compensator) dryRun(ctx context.Context) (Result, error) {
 	}
 	cursor = uuid.Nil
 	for {
-		due, err := selectRefundsDue(ctx, tx, cursor, c.cfg.BatchSize, false)
+		due, err := selectRefundsDue(ctx, tx, cursor, c.cfg.BatchSize, c.cfg.DedupeRetention, false)
 		if err != nil {
 			return res, err
 		}

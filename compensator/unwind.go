@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -59,17 +60,24 @@ type refundDue struct {
 
 // selectRefundsDue reads (lock: and claims) payments of cancelled orders
 // that are succeeded or pending: money that may be held for an order that
-// will never be confirmed.
-func selectRefundsDue(ctx context.Context, q querier, cursor uuid.UUID, limit int, lock bool) ([]refundDue, error) {
+// will never be confirmed. Candidates come from two small indexes: pending
+// payments and succeeded ones with a refund due (payments_unsettled_idx),
+// and orders cancelled within the last `recent` (orders_cancelled_idx: a
+// charge recorded on an order after it was cancelled).
+func selectRefundsDue(ctx context.Context, q querier, cursor uuid.UUID, limit int, recent time.Duration, lock bool) ([]refundDue, error) {
 	sql := `
 		SELECT p.order_id, p.status, p.idempotency_key, p.amount::text, p.currency, p.charge_id, coalesce(p.refund_key, '')
 		FROM payments p JOIN orders o ON o.order_id = p.order_id
-		WHERE o.status = 'cancelled' AND p.status IN ('pending', 'succeeded') AND p.order_id > $1
+		WHERE p.order_id IN (
+		        SELECT order_id FROM payments WHERE status = 'pending' OR (status = 'succeeded' AND refund_key IS NOT NULL)
+		        UNION
+		        SELECT order_id FROM orders WHERE status = 'cancelled' AND updated_at > now() - make_interval(secs => $3::float8))
+		  AND o.status = 'cancelled' AND p.status IN ('pending', 'succeeded') AND p.order_id > $1
 		ORDER BY p.order_id LIMIT $2`
 	if lock {
 		sql += ` FOR UPDATE OF p SKIP LOCKED`
 	}
-	rows, err := q.Query(ctx, sql, cursor, limit)
+	rows, err := q.Query(ctx, sql, cursor, limit, recent.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("select refunds due: %w", err)
 	}
@@ -96,7 +104,7 @@ func (c *Compensator) refunds(ctx context.Context, res *Result) error {
 		var due []refundDue
 		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 			var err error
-			if due, err = selectRefundsDue(ctx, tx, cursor, c.cfg.BatchSize, true); err != nil {
+			if due, err = selectRefundsDue(ctx, tx, cursor, c.cfg.BatchSize, c.cfg.DedupeRetention, true); err != nil {
 				return err
 			}
 			for i, r := range due {

@@ -14,6 +14,13 @@ ALTER TABLE orders
 -- The compensator's scan walks open orders in order_id (UUIDv7) order.
 CREATE INDEX orders_open_id_idx ON orders (order_id) WHERE status IN ('processing', 'reserved', 'paid');
 
+-- The refund sweep: payments that may hold money of a cancelled order are
+-- pending ones (a charge of unknown outcome), succeeded ones with a refund
+-- due (refund_key set by the unwind), and those of recently cancelled orders.
+CREATE INDEX payments_unsettled_idx ON payments (order_id)
+    WHERE status = 'pending' OR (status = 'succeeded' AND refund_key IS NOT NULL);
+CREATE INDEX orders_cancelled_idx ON orders (updated_at) WHERE status = 'cancelled';
+
 -- compensator_actions: what a compensator did, to which order, when, why and
 -- which process did it (actor = host/pid/instance). A dry run never writes
 -- here. 'refund' records the provider's refund of an unwound order's charge.
@@ -32,6 +39,8 @@ CREATE INDEX compensator_actions_created_idx ON compensator_actions (created_at)
 
 -- +goose Down
 DROP TABLE compensator_actions;
+DROP INDEX orders_cancelled_idx;
+DROP INDEX payments_unsettled_idx;
 DROP INDEX orders_open_id_idx;
 ALTER TABLE orders
     DROP COLUMN redriven_at,
