@@ -18,12 +18,15 @@ import (
 	"orderpipe/compensator"
 	"orderpipe/consumers"
 	"orderpipe/producer"
+	"orderpipe/producer/mcp"
+	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/devenv"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tenant"
+	"orderpipe/shared/webhook"
 )
 
 // commands lists every subcommand, in the order `help` shows them.
@@ -39,6 +42,10 @@ func commands() []cli.Command {
 		consumers.DLQCommand(),
 		psp.Command(),
 		compensator.Command(), compensator.OrdersCommand(),
+		webhook.Command(), mcp.Command(func(env *app.Env) (mcp.Intake, error) {
+			o, err := producer.OptionsFromEnv()
+			return producer.NewService(env, o), err
+		}),
 	}
 }
 
@@ -50,6 +57,7 @@ func devParts() []devenv.Part {
 		psp.DevPart(), // before the consumers: it sets PSP_URL
 		consumers.DevPart(),
 		compensator.DevPart(),
+		webhook.DevPart(),
 	}
 }
 
