@@ -369,7 +369,6 @@ func (c *Compensator) scan(ctx context.Context, res *Result) error {
 			// A batch that did not commit stops the pass rather than loop
 			// on it; so does an injected crash.
 			if n == 0 || ctx.Err() != nil || errors.Is(err, failpoint.ErrInjected) {
-				// The batch did not commit: stop rather than loop on it.
 				break
 			}
 		}
