@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 
+	"orderpipe/producer/mcp"
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
@@ -47,10 +49,30 @@ func Command() cli.Command {
 	}
 }
 
-// Run serves the intake on l and runs the outbox relay until ctx ends, then
-// drains in-flight requests within the shutdown timeout and stops the
-// relay.
+// Run serves the intake on l — the order routes, the events stream
+// (GET /v1/orders/{order_id}/events) and the MCP endpoint (/mcp), all
+// behind the intake's authentication — and runs the outbox relay until ctx
+// ends, then drains in-flight requests within the shutdown timeout and stops
+// the relay and the stream's listener.
 func Run(ctx context.Context, env *app.Env, l net.Listener, opts Options) error {
+	svc := NewService(env, opts)
+	// The stream's listener ends with ctx, so open streams end at once on
+	// SIGTERM instead of holding the drain.
+	xctx, stopExtra := context.WithCancel(ctx)
+	extra, waitExtra, err := mcp.Routes(xctx, env, svc, ClientID)
+	if err != nil {
+		stopExtra()
+		return fmt.Errorf("start the events stream and the MCP endpoint: %w", err)
+	}
+	defer waitExtra()
+	defer stopExtra() // runs first: ends the listener, then waits for it
+	own := svc.opts.Extra
+	svc.opts.Extra = func(mux *http.ServeMux, auth func(http.Handler) http.Handler) {
+		extra(mux, auth)
+		if own != nil {
+			own(mux, auth)
+		}
+	}
 	relay := &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger}
 	rctx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
@@ -59,7 +81,8 @@ func Run(ctx context.Context, env *app.Env, l net.Listener, opts Options) error 
 		defer wg.Done()
 		_ = relay.Run(rctx)
 	}()
-	err := app.ServeListener(ctx, l, Handler(env, opts), env.Logger, env.Config.ShutdownTimeout)
+	h, _ := newAPI(env, svc)
+	err = app.ServeListener(ctx, l, h, env.Logger, env.Config.ShutdownTimeout)
 	stopRelay()
 	wg.Wait()
 	env.Logger.Info("producer stopped")

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -97,9 +98,38 @@ func TestDevPart(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("healthz: %d", resp.StatusCode)
 	}
+	// The process serves the events stream and the MCP endpoint too,
+	// behind the intake's authentication.
+	h := &harness{t: t, env: env, pool: db.Pool, js: n.JS, topo: n.Topology, srv: &httptest.Server{URL: "http://" + addr}}
+	h.creds = h.newClient("shop")
+	r := h.post(orderBody("dev-part"))
+	if r.status != 202 {
+		t.Fatalf("POST: %d %s", r.status, r.body)
+	}
+	events := "/v1/orders/" + r.json(t)["order_id"].(string) + "/events"
+	for _, path := range []string{events, "/mcp"} {
+		if r := h.do("GET", path, "", "Authorization", "-"); r.status != http.StatusUnauthorized || r.code(t) != 202 {
+			t.Errorf("GET %s without a key: %d %s", path, r.status, r.body)
+		}
+	}
+	req, _ := http.NewRequest("GET", "http://"+addr+events, nil)
+	req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
+	stream, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	if stream.StatusCode != 200 || !strings.HasPrefix(stream.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("events: %d %s", stream.StatusCode, stream.Header.Get("Content-Type"))
+	}
+	// Stopping ends the open stream at once; it does not hold the drain.
+	t0 := time.Now()
 	cancel()
 	if err := wait(); err != nil {
 		t.Fatalf("wait: %v", err)
+	}
+	if el := time.Since(t0); el > 4*time.Second {
+		t.Fatalf("stopping with an open stream took %s", el)
 	}
 }
 

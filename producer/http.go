@@ -69,6 +69,14 @@ func ClientFrom(ctx context.Context) (tenant.Client, bool) {
 	return c, ok
 }
 
+// ClientID returns the id of the authenticated client of a request handled
+// inside the auth middleware (the form the events stream and the MCP
+// endpoint take).
+func ClientID(r *http.Request) (uuid.UUID, bool) {
+	c, ok := ClientFrom(r.Context())
+	return c.ID, ok
+}
+
 // API is the intake's HTTP layer.
 type API struct {
 	svc      *Service
@@ -89,7 +97,10 @@ func Handler(env *app.Env, opts Options) http.Handler {
 // NewAPI returns the handler and the API (whose Service the MCP endpoint
 // may share).
 func NewAPI(env *app.Env, opts Options) (http.Handler, *API) {
-	svc := NewService(env, opts)
+	return newAPI(env, NewService(env, opts))
+}
+
+func newAPI(env *app.Env, svc *Service) (http.Handler, *API) {
 	a := &API{svc: svc, env: env, inflight: make(chan struct{}, svc.opts.MaxInFlight), limiters: map[uuid.UUID]*rate.Limiter{}}
 	mux := http.NewServeMux()
 	guarded := func(h http.HandlerFunc) http.Handler { return a.bound(a.Authenticate(h)) }
