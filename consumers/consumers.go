@@ -298,6 +298,7 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			if err := failpoint.Inject(FailAfterCommit); err != nil {
 				return true, err
 			}
+			p.observeMoves(ctx, ids)
 			if err := p.relay.Publish(ctx, ids...); err != nil {
 				// Committed: the relay publishes the pending rows later.
 				Logger(ctx).Warn("inline publish after commit; the relay will retry", slog.Any("error", err))
@@ -305,5 +306,34 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			return true, nil
 		}
 		return st.Handle(ctx, m, commit)
+	}
+}
+
+// observeMoves records, for the status changes a step just committed (its
+// outbox rows), the time since the order was accepted, and counts the
+// orders that reached a terminal state. Best effort: metrics only.
+func (p *Pipeline) observeMoves(ctx context.Context, ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	rows, err := p.env.Pool.Query(ctx, `
+		SELECT x.event, extract(epoch FROM now() - o.created_at)::float8
+		FROM outbox x JOIN orders o ON o.order_id = (x.headers->>'`+orderevent.HeaderOrderID+`')::uuid
+		WHERE x.id = ANY($1)`, ids)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var event string
+		var secs float64
+		if rows.Scan(&event, &secs) != nil {
+			return
+		}
+		status := orderevent.Name(event).Status()
+		metrics.StageSeconds.WithLabelValues(string(status)).Observe(secs)
+		if status.Terminal() {
+			metrics.OrdersFinished.WithLabelValues(string(status)).Inc()
+		}
 	}
 }

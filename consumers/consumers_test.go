@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"orderpipe/consumers/pipetest"
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/testenv"
@@ -42,4 +45,16 @@ func TestHappyPathAndRejection(t *testing.T) {
 		}
 	}
 	e.CheckInvariants(t)
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{
+		{"processed by inventory", testutil.ToFloat64(metrics.HandlerMessages.WithLabelValues("inventory", metrics.HandlerProcessed))},
+		{"orders confirmed", testutil.ToFloat64(metrics.OrdersFinished.WithLabelValues("confirmed"))},
+		{"orders rejected", testutil.ToFloat64(metrics.OrdersFinished.WithLabelValues("rejected"))},
+	} {
+		if c.v < 1 {
+			t.Errorf("metric %s = %v, want at least 1", c.name, c.v)
+		}
+	}
 }
