@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"orderpipe/consumers/notify"
@@ -216,5 +218,62 @@ func TestWebhooksEndToEnd(t *testing.T) {
 				t.Errorf("order %s: no webhook for %s (got %v)", id, s, got[id])
 			}
 		}
+	}
+}
+
+// TestMalformedPayloadsAreDeadLettered: messages the notifier can never
+// handle (bad JSON, unknown version, missing ids, an event on another
+// subject, an unknown order, a status the order never had) go to the dead
+// letters at once and create no delivery.
+func TestMalformedPayloadsAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{})
+	pipetest.Start(t, e.App, pipetest.Config(), notify.Step())
+	ctx := context.Background()
+	known, _ := e.InsertOrder(t, "1.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	if _, err := e.DB.Pool.Exec(ctx, `UPDATE orders SET callback_url = 'https://shop.example/h' WHERE order_id = $1`, known); err != nil {
+		t.Fatal(err)
+	}
+	valid := func(name orderevent.Name, mutate func(*orderevent.Event)) []byte {
+		ev := orderevent.Event{Version: orderevent.Version, Name: name, OrderID: known, ClientID: e.ClientID,
+			RequestID: "req-1", Status: name.Status(), OccurredAt: time.Now().UTC()}
+		if mutate != nil {
+			mutate(&ev)
+		}
+		b, _ := json.Marshal(ev)
+		return b
+	}
+	cases := map[string]struct {
+		subject orderevent.Name
+		payload []byte
+	}{
+		"not json":          {orderevent.Accepted, []byte("{not json")},
+		"empty":             {orderevent.Reserved, nil},
+		"json array":        {orderevent.Paid, []byte("[]")},
+		"unknown version":   {orderevent.Confirmed, valid(orderevent.Confirmed, func(ev *orderevent.Event) { ev.Version = 7 })},
+		"missing order":     {orderevent.Rejected, valid(orderevent.Rejected, func(ev *orderevent.Event) { ev.OrderID = uuid.Nil })},
+		"missing client":    {orderevent.Cancelled, valid(orderevent.Cancelled, func(ev *orderevent.Event) { ev.ClientID = uuid.Nil })},
+		"unknown event":     {orderevent.Paid, valid("shipped", nil)},
+		"unknown order":     {orderevent.Accepted, valid(orderevent.Accepted, func(ev *orderevent.Event) { ev.OrderID = uuid.New() })},
+		"status never had":  {orderevent.Paid, valid(orderevent.Paid, nil)},
+		"another's order":   {orderevent.Accepted, valid(orderevent.Accepted, func(ev *orderevent.Event) { ev.ClientID = uuid.New() })},
+		"negative re-drive": {orderevent.Accepted, valid(orderevent.Accepted, func(ev *orderevent.Event) { ev.Redrive = -1 })},
+	}
+	for _, c := range cases {
+		id := "raw-" + uuid.NewString()
+		m := &nats.Msg{Subject: e.App.Topology.Subject(c.subject), Data: c.payload, Header: nats.Header{}}
+		m.Header.Set(orderevent.HeaderMsgID, id)
+		if _, err := e.NATS.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 60*time.Second, "every malformed message dead-lettered", func() bool {
+		var n int
+		_ = e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM dead_letters WHERE consumer = $1`, notify.Name).Scan(&n)
+		return n == len(cases)
+	})
+	var n int
+	if err := e.DB.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM webhook_deliveries) + (SELECT count(*) FROM processed_messages)`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("malformed messages left %d rows (%v)", n, err)
 	}
 }
