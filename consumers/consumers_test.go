@@ -3,12 +3,14 @@ package consumers_test
 import (
 	"context"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"orderpipe/consumers/pipetest"
+	"orderpipe/consumers/step"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
@@ -57,4 +59,35 @@ func TestHappyPathAndRejection(t *testing.T) {
 			t.Errorf("metric %s = %v, want at least 1", c.name, c.v)
 		}
 	}
+}
+
+// TestSlowStepKeepsItsMessage: a payment call that takes four times the
+// AckWait is not redelivered meanwhile (in-progress acks), so the step runs
+// once.
+func TestSlowStepKeepsItsMessage(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, psp.Options{Latency: 2 * time.Second})
+	e.Stock(t, "SKU-1", 10)
+	cfg := pipetest.Config()
+	cfg.AckWait = 500 * time.Millisecond
+	steps := e.Steps(10 * time.Second)
+	var runs, maxDelivered atomic.Int64
+	inner := steps[1].Handle
+	steps[1].Handle = func(ctx context.Context, m step.Message, c step.Commit) error {
+		runs.Add(1)
+		if d := int64(m.Delivered); d > maxDelivered.Load() {
+			maxDelivered.Store(d)
+		}
+		return inner(ctx, m, c)
+	}
+	pipetest.Start(t, e.App, cfg, steps...)
+	id := e.CreateOrder(t, "1.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	e.WaitTerminal(t, 30*time.Second)
+	if s := e.Status(t, id); s != order.StatusConfirmed {
+		t.Fatalf("order: %s, want confirmed", s)
+	}
+	if runs.Load() != 1 || maxDelivered.Load() != 1 {
+		t.Fatalf("payment ran %d times, delivered up to %d times; want once", runs.Load(), maxDelivered.Load())
+	}
+	e.CheckInvariants(t)
 }

@@ -21,6 +21,7 @@ import (
 	"orderpipe/consumers"
 	"orderpipe/consumers/payment"
 	"orderpipe/consumers/pipetest"
+	"orderpipe/consumers/step"
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
@@ -293,12 +294,27 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 	second.NC, second.JS = testenv.Connect(t, e.NATS.URL)
 	second.Pool = testenv.Pool(t, e.DB.URL)
 	second.Metrics = app.NewRegistry()
-	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
-	pipetest.Start(t, &second, pipetest.Config(), e.Steps(5*time.Second)...)
+	var handled [2]atomic.Int64
+	counted := func(i int) []step.Step {
+		steps := e.Steps(5 * time.Second)
+		for j := range steps {
+			inner := steps[j].Handle
+			steps[j].Handle = func(ctx context.Context, m step.Message, c step.Commit) error {
+				handled[i].Add(1)
+				return inner(ctx, m, c)
+			}
+		}
+		return steps
+	}
+	pipetest.Start(t, e.App, pipetest.Config(), counted(0)...)
+	pipetest.Start(t, &second, pipetest.Config(), counted(1)...)
 	for range 100 {
 		e.CreateOrder(t, "4.00", lines...)
 	}
 	e.WaitTerminal(t, 90*time.Second)
+	if handled[0].Load() == 0 || handled[1].Load() == 0 {
+		t.Errorf("work not shared: %d and %d messages handled", handled[0].Load(), handled[1].Load())
+	}
 	e.CheckInvariants(t)
 }
 
@@ -335,6 +351,45 @@ func TestThousandOrders(t *testing.T) {
 	t.Logf("1000 orders in %s: %v", time.Since(t0).Round(time.Millisecond), c)
 	if c[order.StatusConfirmed] < 700 || c[order.StatusCancelled] == 0 || c[order.StatusRejected] == 0 {
 		t.Errorf("counts %v: want most confirmed, some cancelled (declines) and some rejected (SKU-3 ran out)", c)
+	}
+	e.CheckInvariants(t)
+}
+
+// TestCommandDrainsOnSIGTERM runs `orderpipe consumers` as a child process,
+// lets it work, and stops it with SIGTERM: it drains and exits 0.
+func TestCommandDrainsOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	ns := testenv.OwnNATS(t)
+	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), psp.Options{})
+	stock(t, e)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", "DATABASE_URL="+e.DB.URL, "NATS_URL="+ns.URL(),
+		"PSP_URL="+e.PSPURL, "HTTP_ADDR=127.0.0.1:0", "ORDERPIPE_LOG_LEVEL=warn", "ORDERPIPE_SHUTDOWN_TIMEOUT=10s")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for range 10 {
+		e.CreateOrder(t, "2.00", lines...)
+	}
+	e.WaitTerminal(t, 60*time.Second)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("consumers after SIGTERM: %v; output:\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		if err := <-done; err != nil {
+			t.Logf("killed: %v", err)
+		}
+		t.Fatalf("consumers did not stop within 30s of SIGTERM; output:\n%s", out.String())
 	}
 	e.CheckInvariants(t)
 }
