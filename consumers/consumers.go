@@ -76,6 +76,10 @@ func Build(env *app.Env, cfg Config, steps ...step.Step) (*Pipeline, error) {
 	}
 	wlog := watermill.NewSlogLoggerWithLevelMapping(env.Logger.With(slog.String("component", "watermill")), map[slog.Level]slog.Level{
 		slog.LevelInfo: slog.LevelDebug, // Watermill's start/stop chatter
+		// "Handler returned error" for every nack: a transient error that
+		// will be redelivered is a warning; our poison middleware logs
+		// what is given up on as an error.
+		slog.LevelError: slog.LevelWarn,
 	})
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.DrainTimeout}, wlog)
 	if err != nil {
