@@ -221,7 +221,7 @@ func (h *harness) move(id uuid.UUID, from, to order.Status) {
 // drive runs create_order → wait_for_order on a session: the order moves
 // on (in the database, as the pipeline would) once the waiter reported
 // progress, and the wait returns at the terminal state.
-func (h *harness) drive(cs *sdk.ClientSession, p *progress) {
+func (h *harness) drive(cs *sdk.ClientSession, p *progress) uuid.UUID {
 	t := h.t
 	rid := order.NewRequestID(time.Now())
 	first := call(t, cs, mcp.ToolCreateOrder, createArgs(rid), nil)
@@ -257,6 +257,7 @@ func (h *harness) drive(cs *sdk.ClientSession, p *progress) {
 			t.Fatalf("progress did not increase: %+v", p.msgs)
 		}
 	}
+	return id
 }
 
 func TestCreateAndWaitInMemory(t *testing.T) {
@@ -270,8 +271,23 @@ func TestCreateAndWaitOverHTTP(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	p := newProgress()
-	cs, _ := h.overHTTP(p)
-	h.drive(cs, p)
+	cs, srv := h.overHTTP(p)
+	id := h.drive(cs, p)
+
+	// The events stream is mounted by the same Routes: the whole history
+	// of the (now confirmed) order, then the end of the stream.
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/orders/"+id.String()+"/events", nil)
+	req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" ||
+		strings.Count(string(body), "\nid: ") != 4 || !strings.Contains(string(body), `"status":"confirmed"`) {
+		t.Fatalf("events stream: %d %s", resp.StatusCode, body)
+	}
 }
 
 // TestStdio runs the real stdio entry point (RunStdio: key from the
