@@ -216,6 +216,11 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 	if targetHits.Load() != 0 {
 		t.Fatal("the redirect was followed")
 	}
+	// The strict client (flag off) follows no redirect either.
+	strict := webhook.NewClient(webhook.ClientOptions{})
+	if strict.CheckRedirect == nil || !errors.Is(strict.CheckRedirect(nil, nil), http.ErrUseLastResponse) {
+		t.Fatal("the strict client would follow redirects")
+	}
 }
 
 func TestResponsesAreTimeAndSizeBounded(t *testing.T) {
