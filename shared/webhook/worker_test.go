@@ -380,3 +380,31 @@ func FuzzParseID(f *testing.F) {
 		}
 	})
 }
+
+// TestTwoWorkersSendEachDeliveryOnce: claims skip each other's locked rows
+// and hide claimed ones under a lease, so two workers (two replicas) on one
+// database send every delivery once.
+func TestTwoWorkersSendEachDeliveryOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	rc := newReceiver(t, f.client.WebhookSecret, 0)
+	srv, _ := tlsServer(t, rc)
+	var ids []string
+	for range 5 {
+		_, more := f.enqueue(t, f.client, srv.URL, 6)
+		ids = append(ids, more...)
+	}
+	for range 2 {
+		w := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv)}))
+		w.Batch, w.PerClient = 3, 2
+		run(t, w)
+	}
+	testenv.WaitFor(t, 20*time.Second, "every delivery acknowledged", func() bool { return rc.deliveredCount() == len(ids) })
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, id := range ids {
+		if rc.attempts[id] != 1 {
+			t.Errorf("%s sent %d times", id, rc.attempts[id])
+		}
+	}
+}
