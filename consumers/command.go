@@ -119,8 +119,16 @@ func DLQCommand() cli.Command {
 			}
 			switch inv.Args[0] {
 			case "list":
-				if len(inv.Args) != 1 {
-					return cli.Usagef("list takes no arguments (flags go before it)")
+				// Flags may also follow the action: `dlq list --all`.
+				if inv.Flags != nil {
+					if err := inv.Flags.Parse(inv.Args[1:]); err != nil {
+						return cli.Usagef("%v", err)
+					}
+					if rest := inv.Flags.Args(); len(rest) > 0 {
+						return cli.Usagef("list takes no arguments, got %q", rest)
+					}
+				} else if len(inv.Args) != 1 {
+					return cli.Usagef("list takes no arguments")
 				}
 				if limit < 1 || limit > 100000 {
 					return cli.Usagef("--limit must be between 1 and 100000")

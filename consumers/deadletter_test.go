@@ -157,7 +157,7 @@ func TestPoisonOrderLeftThenReplayed(t *testing.T) {
 	})
 	e.CheckInvariants(t)
 	out.Reset()
-	if err := runCmd(t, consumers.DLQCommand(), config.Config{DatabaseURL: e.DB.URL}, &out, "--all", "list"); err != nil || !strings.Contains(out.String(), "inventory") {
+	if err := runCmd(t, consumers.DLQCommand(), config.Config{DatabaseURL: e.DB.URL}, &out, "list", "--all"); err != nil || !strings.Contains(out.String(), "inventory") {
 		t.Fatalf("dlq list: %v\n%s", err, out.String())
 	}
 	out.Reset()
@@ -238,6 +238,9 @@ func TestCommandsRefuseBadArguments(t *testing.T) {
 		{consumers.DLQCommand(), []string{"list", "extra"}},
 		{consumers.DLQCommand(), []string{"--limit", "0", "list"}},
 		{consumers.DLQCommand(), []string{"--limit", "many", "list"}},
+		{consumers.DLQCommand(), []string{"list", "--limit", "0"}},
+		{consumers.DLQCommand(), []string{"list", "--nope"}},
+		{consumers.DLQCommand(), []string{"list", "--all", "extra"}},
 		{consumers.InventoryCommand(), nil},
 		{consumers.InventoryCommand(), []string{"get"}},
 		{consumers.InventoryCommand(), []string{"set"}},

@@ -53,7 +53,7 @@ func Command() cli.Command {
 		Name:    "psp",
 		Summary: "run the payment provider stand-in (charges and refunds with Idempotency-Key semantics, kept in PostgreSQL)",
 		Usage:   "[--addr HOST:PORT] [--latency D] [--decline-rate R] [--error-rate R] [--timeout-rate R] [--hang D] [--seed N]",
-		Env:     cli.Join(cli.Common, config.EnvShutdownTimeout),
+		Env:     []string{config.EnvDatabaseURL, config.EnvLogFormat, config.EnvLogLevel, config.EnvShutdownTimeout},
 		Setup:   f.setup,
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
