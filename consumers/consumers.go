@@ -32,6 +32,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"orderpipe/consumers/step"
 	"orderpipe/shared/app"
@@ -39,6 +42,7 @@ import (
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
+	"orderpipe/shared/tracing"
 )
 
 // Failpoints of the router.
@@ -173,24 +177,46 @@ func metaInt(msg *message.Message, key string) int {
 	return n
 }
 
-// correlation puts a logger with the message's request_id, order_id and
-// message id on its context, and the correlation id (the request_id, the
-// id the client chose) in its metadata.
+// correlation starts the step's span (a consumer span in the trace that
+// the intake started and the event carried), and puts on the message's
+// context a logger naming the message (request_id, order_id, client_id,
+// msg_id; trace_id comes from the span when logging with the context). The
+// correlation id in the metadata is the request_id, the id the client
+// chose.
 func (p *Pipeline) correlation(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		rid := msg.Metadata.Get(orderevent.HeaderRequestID)
 		if rid != "" {
 			middleware.SetCorrelationID(rid, msg)
 		}
+		name := message.HandlerNameFromCtx(msg.Context())
+		oid := msg.Metadata.Get(orderevent.HeaderOrderID)
+		ctx, span := tracing.Tracer().Start(msg.Context(), "step "+name,
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(
+				attribute.String("messaging.system", "nats"),
+				attribute.String("messaging.destination.name", msg.Metadata.Get(metaSubject)),
+				attribute.String("messaging.message.id", msg.UUID),
+				attribute.Int("messaging.delivery.count", metaInt(msg, metaDelivered)),
+				attribute.String("orderpipe.order_id", oid),
+				attribute.String("orderpipe.request_id", rid),
+			))
+		defer span.End()
 		l := p.env.Logger.With(
-			slog.String("handler", message.HandlerNameFromCtx(msg.Context())),
+			slog.String("handler", name),
 			slog.String("msg_id", msg.UUID),
 			slog.String("request_id", rid),
-			slog.String("order_id", msg.Metadata.Get(orderevent.HeaderOrderID)),
+			slog.String("order_id", oid),
+			slog.String("client_id", msg.Metadata.Get(orderevent.HeaderClientID)),
 			slog.Int("delivered", metaInt(msg, metaDelivered)),
 		)
-		msg.SetContext(context.WithValue(msg.Context(), loggerKey{}, l))
-		return middleware.CorrelationID(h)(msg)
+		msg.SetContext(context.WithValue(ctx, loggerKey{}, l))
+		out, err := middleware.CorrelationID(h)(msg)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "step failed; the message will be redelivered")
+		}
+		return out, err
 	}
 }
 
@@ -208,7 +234,7 @@ func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 		permanent := step.IsPermanent(err)
 		if !permanent && delivered < p.cfg.MaxDeliver {
 			metrics.HandlerMessages.WithLabelValues(name, metrics.HandlerRetried).Inc()
-			Logger(msg.Context()).Warn("step failed, will be redelivered", slog.Any("error", err),
+			Logger(msg.Context()).WarnContext(msg.Context(), "step failed, will be redelivered", slog.Any("error", err),
 				slog.Duration("in", p.cfg.redeliveryDelay(delivered)))
 			return nil, err
 		}
@@ -218,12 +244,13 @@ func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 		}
 		id, dlErr := putDeadLetter(context.WithoutCancel(msg.Context()), p.env.Pool, name, msg, reason, delivered)
 		if dlErr != nil {
-			Logger(msg.Context()).Error("dead-letter the message", slog.Any("error", dlErr), slog.Any("cause", err))
+			Logger(msg.Context()).ErrorContext(msg.Context(), "dead-letter the message", slog.Any("error", dlErr), slog.Any("cause", err))
 			return nil, errors.Join(err, dlErr)
 		}
 		metrics.HandlerMessages.WithLabelValues(name, metrics.HandlerDeadLettered).Inc()
 		metrics.DeadLetters.WithLabelValues(name).Inc()
-		Logger(msg.Context()).Error("message dead-lettered; the order is left to the compensator",
+		trace.SpanFromContext(msg.Context()).SetStatus(codes.Error, "dead-lettered")
+		Logger(msg.Context()).ErrorContext(msg.Context(), "message dead-lettered; the order is left to the compensator",
 			slog.Int64("dead_letter_id", id), slog.Bool("permanent", permanent), slog.Any("error", err))
 		return nil, nil
 	}
@@ -268,7 +295,7 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 		}
 		if done {
 			metrics.HandlerMessages.WithLabelValues(st.Name, metrics.HandlerDuplicate).Inc()
-			Logger(ctx).Debug("duplicate delivery, already processed")
+			Logger(ctx).DebugContext(ctx, "duplicate delivery, already processed")
 			return nil
 		}
 		committed := false
@@ -305,7 +332,7 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			p.observeMoves(ctx, ids)
 			if err := p.relay.Publish(ctx, ids...); err != nil {
 				// Committed: the relay publishes the pending rows later.
-				Logger(ctx).Warn("inline publish after commit; the relay will retry", slog.Any("error", err))
+				Logger(ctx).WarnContext(ctx, "inline publish after commit; the relay will retry", slog.Any("error", err))
 			}
 			return true, nil
 		}
