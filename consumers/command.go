@@ -19,6 +19,7 @@ import (
 	"orderpipe/shared/devenv"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/webhook"
 )
 
 // Command is `orderpipe consumers`: the router with every step, the outbox
@@ -54,6 +55,13 @@ func Command() cli.Command {
 			if err != nil {
 				return err
 			}
+			// The webhook delivery worker runs beside the steps; a slow
+			// receiver only ever holds its own delivery slots.
+			waitHooks, err := webhook.Start(ctx, env)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = waitHooks() }()
 			mux := http.NewServeMux()
 			env.Mount(mux)
 			sctx, stopServer := context.WithCancel(ctx)

@@ -3,6 +3,7 @@ package consumers
 import (
 	"orderpipe/consumers/confirm"
 	"orderpipe/consumers/inventory"
+	"orderpipe/consumers/notify"
 	"orderpipe/consumers/payment"
 	"orderpipe/consumers/step"
 	"orderpipe/shared/app"
@@ -26,6 +27,7 @@ func Factories() []Factory {
 			return payment.Step(env.Pool, client), nil
 		},
 		func(*app.Env) (step.Step, error) { return confirm.Step(), nil },
+		func(*app.Env) (step.Step, error) { return notify.Step(), nil },
 	}
 }
 
