@@ -187,7 +187,8 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	if err != nil {
 		return orderstore.Order{}, false, fmt.Errorf("create order for request %s: %w", req.RequestID, err)
 	}
-	log := s.env.Logger.With(slog.String("request_id", req.RequestID), slog.String("order_id", res.Order.ID.String()))
+	log := s.env.Logger.With(slog.String("request_id", req.RequestID), slog.String("order_id", res.Order.ID.String()),
+		slog.String("client_id", clientID.String()))
 	if res.Replayed {
 		outcome = metrics.OutcomeReplayed
 		log.DebugContext(ctx, "order request replayed")

@@ -73,7 +73,7 @@ func Apply(ctx context.Context, tx pgx.Tx, ev orderevent.Event) (bool, error) {
 		return false, fmt.Errorf("encode webhook of order %s: %w", ev.OrderID, err)
 	}
 	return webhook.Enqueue(ctx, tx, webhook.NewDelivery{
-		OrderID: o.ID, Seq: ch.Seq, ClientID: o.ClientID, URL: o.CallbackURL, Payload: body,
+		OrderID: o.ID, Seq: ch.Seq, ClientID: o.ClientID, URL: o.CallbackURL, Payload: body, RequestID: o.RequestID,
 	})
 }
 

@@ -8,6 +8,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"orderpipe/shared/tracing"
 )
 
 // Execer is what Enqueue needs: the caller's pgx.Tx.
@@ -29,6 +31,8 @@ type NewDelivery struct {
 	URL      string
 	// Payload is the JSON body, sent unchanged on every attempt.
 	Payload []byte
+	// RequestID of the order, for the logs.
+	RequestID string
 }
 
 // ErrNotFound is returned for an unknown webhook id.
@@ -39,11 +43,13 @@ var ErrNotFound = errors.New("webhook delivery not found")
 // the result says whether a row was inserted.
 func Enqueue(ctx context.Context, tx Execer, d NewDelivery) (bool, error) {
 	id := ID(d.OrderID, d.Seq)
+	trace := map[string]string{}
+	tracing.Inject(ctx, trace) // the delivery continues the change's trace
 	tag, err := tx.Exec(ctx, `
-		INSERT INTO webhook_deliveries (webhook_id, order_id, seq, client_id, url, payload)
-		VALUES ($1, $2, $3, $4, $5, $6)
+		INSERT INTO webhook_deliveries (webhook_id, order_id, seq, client_id, url, payload, request_id, trace_context)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 		ON CONFLICT (webhook_id) DO NOTHING`,
-		id, d.OrderID, d.Seq, d.ClientID, d.URL, string(d.Payload))
+		id, d.OrderID, d.Seq, d.ClientID, d.URL, string(d.Payload), d.RequestID, trace)
 	if err != nil {
 		return false, fmt.Errorf("enqueue webhook %s of order %s: %w", id, d.OrderID, err)
 	}

@@ -16,8 +16,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"orderpipe/shared/metrics"
+	"orderpipe/shared/tracing"
 )
 
 // Worker sends due deliveries. Any number of workers (in any number of
@@ -127,7 +131,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 type claimed struct {
 	Delivery
-	secret string
+	secret    string
+	requestID string
+	trace     map[string]string
 }
 
 // claimAndSend claims as many due rows as there are free slots and starts
@@ -223,7 +229,7 @@ func (w *Worker) claim(ctx context.Context, free int, saturated []uuid.UUID) ([]
 			WHERE d.webhook_id = ANY($1) AND c.client_id = d.client_id
 			RETURNING d.webhook_id, d.order_id, d.seq, d.client_id, d.url, d.payload, d.status, d.attempts,
 				d.next_attempt_at, d.last_status_code, d.last_error, d.last_latency_ms, d.created_at, d.delivered_at,
-				c.webhook_secret`, picked, w.Lease.Milliseconds())
+				c.webhook_secret, d.request_id, d.trace_context`, picked, w.Lease.Milliseconds())
 		if err != nil {
 			return err
 		}
@@ -232,7 +238,8 @@ func (w *Worker) claim(ctx context.Context, free int, saturated []uuid.UUID) ([]
 			var payload []byte
 			var status string
 			err := r.Scan(&c.WebhookID, &c.OrderID, &c.Seq, &c.ClientID, &c.URL, &payload, &status, &c.Attempts,
-				&c.NextAttemptAt, &c.LastStatusCode, &c.LastError, &c.LastLatencyMS, &c.CreatedAt, &c.DeliveredAt, &c.secret)
+				&c.NextAttemptAt, &c.LastStatusCode, &c.LastError, &c.LastLatencyMS, &c.CreatedAt, &c.DeliveredAt, &c.secret,
+				&c.requestID, &c.trace)
 			c.Payload, c.Status = payload, Status(status)
 			return c, err
 		})
@@ -288,6 +295,13 @@ func Send(ctx context.Context, client *http.Client, allowPrivate bool, d Deliver
 	req.Header.Set(HeaderID, d.WebhookID)
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
 	req.Header.Set(HeaderSignature, sig)
+	// The receiver can join the order's trace: W3C traceparent of this
+	// delivery's span, a child of the status change's trace.
+	tp := map[string]string{}
+	tracing.Inject(ctx, tp)
+	for k, v := range tp {
+		req.Header.Set(k, v)
+	}
 	start := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
@@ -308,10 +322,16 @@ func Send(ctx context.Context, client *http.Client, allowPrivate bool, d Deliver
 }
 
 func (w *Worker) send(ctx context.Context, c claimed) {
-	r := Send(ctx, w.Client, w.AllowPrivate, c.Delivery, c.secret)
 	attempt := c.Attempts + 1
+	ctx, span := tracing.Tracer().Start(tracing.Extract(ctx, c.trace), "webhook.deliver", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("webhook.id", c.WebhookID), attribute.Int("webhook.attempt", attempt)))
+	defer span.End()
+	r := Send(ctx, w.Client, w.AllowPrivate, c.Delivery, c.secret)
+	if r.Err != nil {
+		span.SetStatus(codes.Error, r.Err.Error())
+	}
 	log := w.Logger.With(slog.String("webhook_id", c.WebhookID), slog.String("order_id", c.OrderID.String()),
-		slog.Int("attempt", attempt))
+		slog.String("request_id", c.requestID), slog.String("client_id", c.ClientID.String()), slog.Int("attempt", attempt))
 	var wait time.Duration
 	status := StatusDelivered
 	switch {
@@ -328,14 +348,14 @@ func (w *Worker) send(ctx context.Context, c claimed) {
 	}
 	metrics.WebhookDeliveries.WithLabelValues(outcome).Inc()
 	if r.Err != nil {
-		log.Warn("webhook attempt failed", slog.Int("status_code", r.StatusCode), slog.Any("error", r.Err),
+		log.WarnContext(ctx, "webhook attempt failed", slog.Int("status_code", r.StatusCode), slog.Any("error", r.Err),
 			slog.String("next", string(status)), slog.Duration("retry_in", wait))
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := w.record(rctx, c.WebhookID, attempt, r, status, wait); err != nil {
 		// The lease ends and the row is claimed again: one extra send, same id.
-		log.Error("record webhook attempt", slog.Any("error", err))
+		log.ErrorContext(ctx, "record webhook attempt", slog.Any("error", err))
 	}
 }
 
