@@ -3,8 +3,11 @@ SHELL := /bin/bash
 GO ?= go
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
-# Fuzz targets run for FUZZTIME each in `make test`; `make fuzz FUZZTIME=5m` for longer.
-FUZZTIME ?= 10s
+# Fuzz targets run FUZZTIME each in `make test`; `make fuzz FUZZTIME=5m` (or 5000000x) for longer.
+# The default is a count, not a duration: Go 1.26's fuzz coordinator can fail a
+# duration-bounded run with a spurious "context deadline exceeded" at the end
+# (golang/go#75804, fixed in Go 1.27); a count-bounded run has no deadline.
+FUZZTIME ?= 30000x
 FUZZ_TARGETS := $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
 .PHONY: run test build postgres-binaries promtool alert-rules check-fmt vet lint unit fuzz clean
