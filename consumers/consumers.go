@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wmetrics "github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
@@ -89,6 +90,10 @@ func Build(env *app.Env, cfg Config, steps ...step.Step) (*Pipeline, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create router: %w", err)
 	}
+	// Watermill's own router metrics (handler execution time and messages
+	// received, labelled by handler and success only), on the process's
+	// registry beside ours: orderpipe_watermill_*.
+	wmetrics.NewPrometheusMetricsBuilder(env.Metrics, "orderpipe", "watermill").AddPrometheusRouterMetrics(router)
 	p := &Pipeline{
 		env:    env,
 		cfg:    cfg,
