@@ -10,6 +10,7 @@ import (
 
 	"orderpipe/consumers/pipetest"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/testenv"
 	"orderpipe/shared/tracing"
 )
 
@@ -26,10 +27,15 @@ func TestStepSpansShareTheOrdersTrace(t *testing.T) {
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
 	e.CreateOrder(t, "1.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
 	e.WaitTerminal(t, 30*time.Second)
+	// A step's span ends after its commit (and ack), so the last one may
+	// still be open when the order is already terminal.
 	traces := map[string]string{}
-	for _, s := range exp.GetSpans() {
-		traces[s.Name] = s.SpanContext.TraceID().String()
-	}
+	testenv.WaitFor(t, 10*time.Second, "the confirm step's span to end", func() bool {
+		for _, s := range exp.GetSpans() {
+			traces[s.Name] = s.SpanContext.TraceID().String()
+		}
+		return traces["step confirm"] != ""
+	})
 	for _, name := range []string{"step inventory", "step payment", "step confirm"} {
 		if traces[name] == "" {
 			t.Fatalf("no span %q among %v", name, traces)
