@@ -100,7 +100,7 @@ var (
 	// CompensatorActions counts what the compensator did.
 	CompensatorActions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "orderpipe_compensator_actions_total",
-		Help: "Compensator actions by kind: redrive, unwind, skip.",
+		Help: "Compensator actions by kind: redrive, unwind, refund, skip.",
 	}, []string{"action"})
 
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
