@@ -379,9 +379,12 @@ func TestRateLimit(t *testing.T) {
 
 func TestInFlightBound(t *testing.T) {
 	t.Parallel()
-	h := setup(t, producer.Options{MaxInFlight: 1})
+	// A long server deadline: the held request must still be reading its
+	// body when the test finishes it, however slow the machine.
+	h := setup(t, producer.Options{MaxInFlight: 1, Timeout: 2 * time.Minute})
 	// Hold the one slot with a request whose body never ends.
 	pr, pw := io.Pipe()
+	t.Cleanup(func() { _ = pr.Close() }) // never leave a write blocked
 	req, _ := http.NewRequest("POST", h.srv.URL+"/v1/orders", pr)
 	req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
 	req.Header.Set("Content-Type", "application/json")
@@ -411,8 +414,13 @@ func TestInFlightBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	pw.Close()
-	if held := <-done; held.status != 202 {
-		t.Fatalf("held request: %d %s", held.status, held.body)
+	select {
+	case held := <-done:
+		if held.status != 202 {
+			t.Fatalf("held request: %d %s", held.status, held.body)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the held request got no answer within a minute")
 	}
 	if r := h.do("GET", "/v1/orders?request_id=held", ""); r.status != 200 {
 		t.Fatalf("after the slot is free: %d", r.status)
