@@ -134,10 +134,7 @@ func provider(cfg config.Config, logger *slog.Logger) (*psp.Client, error) {
 // runDry makes a read-only pass; it needs only PostgreSQL (connecting to
 // NATS would provision the stream, which is a change).
 func runDry(ctx context.Context, inv cli.Invocation, cfg Config, logger *slog.Logger) error {
-	if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
-		return err
-	}
-	pool, err := postgres.Open(ctx, inv.Config.DatabaseURL)
+	pool, err := postgres.OpenConfig(ctx, inv.Config)
 	if err != nil {
 		return err
 	}

@@ -62,10 +62,7 @@ func OrdersCommand() cli.Command {
 			default:
 				return cli.Usagef("orders: unknown subcommand %q (want inspect or stats)", sub)
 			}
-			if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
-				return err
-			}
-			pool, err := postgres.Open(ctx, inv.Config.DatabaseURL)
+			pool, err := postgres.OpenConfig(ctx, inv.Config)
 			if err != nil {
 				return err
 			}

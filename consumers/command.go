@@ -141,10 +141,7 @@ func DLQCommand() cli.Command {
 				if limit < 1 || limit > 100000 {
 					return cli.Usagef("--limit must be between 1 and 100000")
 				}
-				if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
-					return err
-				}
-				pool, err := postgres.Open(ctx, inv.Config.DatabaseURL)
+				pool, err := postgres.OpenConfig(ctx, inv.Config)
 				if err != nil {
 					return err
 				}
@@ -243,10 +240,7 @@ func InventoryCommand() cli.Command {
 			default:
 				return cli.Usagef("unknown inventory action %q (want set or list)", inv.Args[0])
 			}
-			if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
-				return err
-			}
-			pool, err := postgres.Open(ctx, inv.Config.DatabaseURL)
+			pool, err := postgres.OpenConfig(ctx, inv.Config)
 			if err != nil {
 				return err
 			}

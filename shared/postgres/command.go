@@ -24,10 +24,7 @@ func MigrateCommand() cli.Command {
 			default: // a bad command line is told before any connection is tried
 				return cli.Usagef("unknown migrate action %q (want up, down, reset or status)", inv.Args[0])
 			}
-			if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
-				return err
-			}
-			pool, err := Open(ctx, inv.Config.DatabaseURL)
+			pool, err := OpenConfig(ctx, inv.Config)
 			if err != nil {
 				return err
 			}

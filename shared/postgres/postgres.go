@@ -17,6 +17,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"orderpipe/migrations"
+	"orderpipe/shared/config"
 )
 
 // Open creates a pool and pings it, so a wrong URL fails here and not at
@@ -162,4 +163,13 @@ func IsTransient(err error) bool {
 	}
 	var connErr *pgconn.ConnectError
 	return errors.As(err, &connErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// OpenConfig opens the pool of DATABASE_URL for a command, with a clear
+// error when the variable is not set.
+func OpenConfig(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
+	if err := cfg.Require(config.EnvDatabaseURL); err != nil {
+		return nil, err
+	}
+	return Open(ctx, cfg.DatabaseURL)
 }

@@ -42,10 +42,7 @@ func Command() cli.Command {
 			if err := ValidateName(*name); err != nil {
 				return cli.Usagef("--name: %v", err)
 			}
-			if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
-				return err
-			}
-			pool, err := postgres.Open(ctx, inv.Config.DatabaseURL)
+			pool, err := postgres.OpenConfig(ctx, inv.Config)
 			if err != nil {
 				return err
 			}

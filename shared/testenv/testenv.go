@@ -186,11 +186,24 @@ func dbURL(base, db string) string {
 // when the test ends.
 func DB(t testing.TB) *Database {
 	t.Helper()
+	return newDB(t, "t", true)
+}
+
+// EmptyDB returns a fresh database with no schema (for migration tests).
+func EmptyDB(t testing.TB) *Database {
+	t.Helper()
+	return newDB(t, "e", false)
+}
+
+// newDB creates a database (a clone of the migrated template, or empty)
+// that is dropped when the test ends.
+func newDB(t testing.TB, prefix string, fromTemplate bool) *Database {
+	t.Helper()
 	pgOnce.Do(startPostgres)
 	if pgErr != nil {
 		t.Fatalf("testenv: PostgreSQL could not start: %v", pgErr)
 	}
-	name := fmt.Sprintf("t_%d_%d", os.Getpid(), seq.Add(1))
+	name := fmt.Sprintf("%s_%d_%d", prefix, os.Getpid(), seq.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, pgAdminURL)
@@ -198,9 +211,12 @@ func DB(t testing.TB) *Database {
 		t.Fatalf("testenv: connect to PostgreSQL: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s",
-		pgx.Identifier{name}.Sanitize(), pgx.Identifier{pgTemplate}.Sanitize())); err != nil {
-		t.Fatalf("testenv: clone template database: %v", err)
+	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if fromTemplate {
+		create += " TEMPLATE " + pgx.Identifier{pgTemplate}.Sanitize()
+	}
+	if _, err := conn.Exec(ctx, create); err != nil {
+		t.Fatalf("testenv: create test database: %v", err)
 	}
 	d := &Database{Name: name, URL: dbURL(pgAdminURL, name)}
 	d.Pool, err = postgres.Open(ctx, d.URL)
@@ -219,40 +235,6 @@ func DB(t testing.TB) *Database {
 		defer conn.Close(ctx)
 		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 			t.Errorf("testenv: drop test database: %v", err)
-		}
-	})
-	return d
-}
-
-// EmptyDB returns a fresh database with no schema (for migration tests).
-func EmptyDB(t testing.TB) *Database {
-	t.Helper()
-	pgOnce.Do(startPostgres)
-	if pgErr != nil {
-		t.Fatalf("testenv: PostgreSQL could not start: %v", pgErr)
-	}
-	name := fmt.Sprintf("e_%d_%d", os.Getpid(), seq.Add(1))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, pgAdminURL)
-	if err != nil {
-		t.Fatalf("testenv: connect to PostgreSQL: %v", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("testenv: create database: %v", err)
-	}
-	d := &Database{Name: name, URL: dbURL(pgAdminURL, name)}
-	if d.Pool, err = postgres.Open(ctx, d.URL); err != nil {
-		t.Fatalf("testenv: open database: %v", err)
-	}
-	t.Cleanup(func() {
-		d.Pool.Close()
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), 30*time.Second)
-		defer cancel()
-		if conn, err := pgx.Connect(ctx, pgAdminURL); err == nil {
-			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-			_ = conn.Close(ctx)
 		}
 	})
 	return d

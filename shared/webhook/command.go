@@ -139,10 +139,7 @@ func runCommand(ctx context.Context, inv cli.Invocation) error {
 }
 
 func withPool(ctx context.Context, inv cli.Invocation, f func(Querier) error) error {
-	if err := inv.Config.Require(config.EnvDatabaseURL); err != nil {
-		return err
-	}
-	pool, err := postgres.Open(ctx, inv.Config.DatabaseURL)
+	pool, err := postgres.OpenConfig(ctx, inv.Config)
 	if err != nil {
 		return err
 	}
