@@ -1,0 +1,65 @@
+package producer_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"orderpipe/producer"
+	"orderpipe/shared/app"
+	"orderpipe/shared/config"
+	"orderpipe/shared/tenant"
+	"orderpipe/shared/testenv"
+)
+
+// BenchmarkCreateOrder measures POST /v1/orders through the whole intake —
+// HTTP, authentication, decoding, the insert transaction with its history
+// and outbox rows, and the inline publish to JetStream — against the real
+// servers, for a new order and for a replay of one, side by side:
+//
+//	go test -run '^$' -bench CreateOrder -benchmem -count 6 ./producer/
+func BenchmarkCreateOrder(b *testing.B) {
+	db, n := testenv.DB(b), testenv.NATS(b)
+	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(b),
+		Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	env.Logger = app.NewLogger(config.Config{LogFormat: "json", LogLevel: "error"}, io.Discard)
+	srv := httptest.NewServer(producer.Handler(env, producer.Options{RateLimit: 1e9, RateBurst: 1e9, MaxInFlight: 1024}))
+	b.Cleanup(srv.Close)
+	creds, err := tenant.Create(context.Background(), db.Pool, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	post := func(b *testing.B, rid string, want int) {
+		body := fmt.Sprintf(`{"request_id":%q,"user_id":1,"items":[{"sku":"SKU-1","quantity":2}],"amount":"39.98","currency":"CNY"}`, rid)
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/orders", bytes.NewBufferString(body))
+		req.Header.Set("Authorization", "Bearer "+creds.APIKey)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			b.Fatalf("request %s: %d, want %d", rid, resp.StatusCode, want)
+		}
+	}
+	run := 0
+	b.Run("new", func(b *testing.B) {
+		run++
+		for i := 0; b.Loop(); i++ {
+			post(b, fmt.Sprintf("bench-%d-%d", run, i), http.StatusAccepted)
+		}
+	})
+	post(b, "bench-replay", http.StatusAccepted)
+	b.Run("replay", func(b *testing.B) {
+		for b.Loop() {
+			post(b, "bench-replay", http.StatusOK)
+		}
+	})
+}
