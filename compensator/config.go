@@ -27,7 +27,7 @@ const (
 	DefaultOutboxMinAge    = 30 * time.Second
 	// DefaultConsumerHorizon is used when the caller does not say how long
 	// the consumers may keep redelivering one message; it is
-	// RedeliveryHorizon of the consumers' defaults, rounded up.
+	// the RetryHorizon of the consumers' defaults, rounded up.
 	DefaultConsumerHorizon = 40 * time.Minute
 )
 

@@ -10,7 +10,7 @@ import (
 
 func TestDefaultsFitTheConsumersDefaults(t *testing.T) {
 	t.Parallel()
-	h := compensator.RedeliveryHorizon(consumers.Default())
+	h := consumers.Default().RetryHorizon()
 	// 8 deliveries of up to 2m, then waits of max(nak, ack backoff):
 	// 30s, 1m, 2m, 4m, 5m, 5m, 5m.
 	if want := 16*time.Minute + 22*time.Minute + 30*time.Second; h != want {
@@ -29,7 +29,7 @@ func TestDefaultsFitTheConsumersDefaults(t *testing.T) {
 	c := consumers.Default()
 	c.MaxDeliver = 20
 	c.AckWait = time.Minute
-	if _, err := (compensator.Config{ConsumerHorizon: compensator.RedeliveryHorizon(c)}).Validate(); err == nil {
+	if _, err := (compensator.Config{ConsumerHorizon: c.RetryHorizon()}).Validate(); err == nil {
 		t.Fatal("a longer consumer horizon should not fit the default deadlines")
 	}
 }

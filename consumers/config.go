@@ -137,3 +137,27 @@ func (c Config) ackBackOff() []time.Duration {
 	}
 	return out
 }
+
+// RetryHorizon is the longest that the consumers may keep working on one
+// message before they dead-letter it: every delivery may run for up to
+// MaxProcessing, and between two deliveries JetStream waits the longer of
+// the nak delay (a handler error: redeliveryDelay) and the ack wait of that
+// delivery (a handler that died: ackBackOff, its last value repeating). An
+// order is not stuck while a message about it may still be redelivered, so
+// the compensator's stuck deadlines must be longer than this.
+func (c Config) RetryHorizon() time.Duration {
+	h := time.Duration(c.MaxDeliver) * c.MaxProcessing
+	backoff := c.ackBackOff()
+	for d := 1; d < c.MaxDeliver; d++ {
+		ack := c.AckWait
+		if len(backoff) > 0 {
+			ack = backoff[min(d-1, len(backoff)-1)]
+		}
+		nak := time.Duration(0)
+		if len(c.Redelivery) > 0 {
+			nak = c.redeliveryDelay(d)
+		}
+		h += max(nak, ack)
+	}
+	return h
+}
