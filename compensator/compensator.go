@@ -203,8 +203,9 @@ func (c *Compensator) Run(ctx context.Context) error {
 }
 
 // RunOnce makes one pass: measure, re-drive or unwind the stuck orders,
-// refund what unwinds left due, publish stale outbox rows, sweep expired
-// dedupe rows. A step that fails does not stop the others; the errors are
+// refund what unwinds left due, re-publish the final event of terminal
+// orders whose webhook was never created, publish stale outbox rows, sweep
+// expired dedupe rows. A step that fails does not stop the others; the errors are
 // returned together.
 func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 	t0 := time.Now()
@@ -230,6 +231,11 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 	}
 	if ctx.Err() == nil {
 		if err := c.refunds(ctx, &res); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if ctx.Err() == nil {
+		if err := c.renotify(ctx, &res); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -61,6 +61,9 @@ func (c *Compensator) dryRun(ctx context.Context) (Result, error) {
 		}
 		cursor = due[len(due)-1].OrderID
 	}
+	if err := c.wouldRenotify(ctx, tx, &res); err != nil {
+		return res, err
+	}
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL AND created_at <= now() - make_interval(secs => $1::float8)`,
 		c.cfg.OutboxMinAge.Seconds()).Scan(&res.Republished); err != nil {
 		return res, fmt.Errorf("count pending outbox rows: %w", err)

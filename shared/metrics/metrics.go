@@ -100,7 +100,7 @@ var (
 	// CompensatorActions counts what the compensator did.
 	CompensatorActions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "orderpipe_compensator_actions_total",
-		Help: "Compensator actions by kind: redrive, unwind, refund, skip.",
+		Help: "Compensator actions by kind: redrive, unwind, refund, renotify, skip.",
 	}, []string{"action"})
 
 	// WebhookDeliveries counts webhook delivery attempts by outcome.

@@ -1,0 +1,104 @@
+package compensator_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"orderpipe/compensator"
+	"orderpipe/consumers/notify"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/orderstore"
+)
+
+// TestRenotifyAFinalEventTheBrokerLost: an order was confirmed and its
+// confirmed event stamped published, but the broker lost it, so the
+// client's webhook for that change was never created. The compensator
+// publishes the event again with a fresh message id; once the notifier has
+// made the delivery, later passes leave the order alone. An order without a
+// callback URL is never touched, and the re-publishes are bounded.
+func TestRenotifyAFinalEventTheBrokerLost(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	confirm := func() (orderevent.Event, string) {
+		id := w.newOrder(spec{status: order.StatusPaid})
+		var oid int64
+		if err := pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
+			m, err := orderstore.Transition(ctx, tx, id, order.StatusPaid, order.StatusConfirmed, "")
+			oid = m.OutboxID
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		w.exec(`UPDATE outbox SET published_at = now() WHERE id = $1`, oid) // "published", then lost
+		w.age(id)
+		ev := orderevent.Event{Version: orderevent.Version, Name: orderevent.Confirmed, OrderID: id, ClientID: w.client,
+			RequestID: w.str(`SELECT request_id FROM orders WHERE order_id = $1`, id), Status: order.StatusConfirmed}
+		return ev, id.String()
+	}
+	lost, lostID := confirm()
+	w.exec(`UPDATE orders SET callback_url = 'https://shop.example/hooks' WHERE order_id = $1`, lost.OrderID)
+	_, quietID := confirm() // no callback URL: nothing to notify
+
+	c := w.comp(w.cfg(3), w.psp)
+	dry := w.comp(func() compensator.Config { cfg := w.cfg(3); cfg.DryRun = true; return cfg }(), w.psp)
+	before := dump(t, w.db.Pool)
+	if res := w.pass(dry); len(res.Actions) != 1 || res.Actions[0].Kind != compensator.KindRenotify {
+		t.Fatalf("dry run: %+v", res.Actions)
+	}
+	if after := dump(t, w.db.Pool); !mapsEqual(before, after) {
+		t.Fatal("the dry run changed the database")
+	}
+
+	res := w.pass(c)
+	if len(res.Actions) != 1 || res.Actions[0].Kind != compensator.KindRenotify || res.Actions[0].OrderID != lost.OrderID {
+		t.Fatalf("first pass: %+v", res.Actions)
+	}
+	if ids := w.msgIDs(lost.OrderID); !slices.Contains(ids, lostID+":confirmed:r1") {
+		t.Fatalf("stream holds %v, want the re-published confirmed event", ids)
+	}
+	if ids := w.msgIDs(lost.OrderID); slices.Contains(ids, quietID+":confirmed:r1") {
+		t.Fatal("an order without a callback URL was re-notified")
+	}
+
+	// The notifier takes the event: one delivery for the order's last change.
+	lost.Redrive = 1
+	if err := pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
+		_, err := notify.Apply(ctx, tx, lost)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.int(`SELECT count(*) FROM webhook_deliveries WHERE order_id = $1`, lost.OrderID); n != 1 {
+		t.Fatalf("%d deliveries, want 1", n)
+	}
+	if res := w.pass(c); len(res.Actions) != 0 {
+		t.Fatalf("pass after the delivery exists: %+v", res.Actions)
+	}
+
+	// Without a delivery, re-publishes stop after MaxAttempts.
+	w.exec(`DELETE FROM webhook_attempts WHERE webhook_id IN (SELECT webhook_id FROM webhook_deliveries WHERE order_id = $1)`, lost.OrderID)
+	w.exec(`DELETE FROM webhook_deliveries WHERE order_id = $1`, lost.OrderID)
+	for range 4 {
+		w.pass(c)
+	}
+	if n := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1 AND action = 'renotify'`, lost.OrderID); n != 3 {
+		t.Fatalf("%d re-notifications, want MaxAttempts = 3", n)
+	}
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
