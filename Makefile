@@ -13,8 +13,17 @@ FUZZ_TARGETS := $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r
 .PHONY: run test build postgres-binaries promtool alert-rules check-fmt vet lint unit fuzz clean
 
 ## run: install what is missing, then start the whole pipeline locally (orderpipe dev)
+# As root, PostgreSQL runs as the postgres account, which must reach the data
+# dir; a checkout in a private home (/root is 0700) keeps dev's data in
+# /var/lib/orderpipe-dev instead, unless ORDERPIPE_DATA_DIR says otherwise.
 run: postgres-binaries build
-	./bin/orderpipe dev
+	@data="$${ORDERPIPE_DATA_DIR:-}"; \
+	if [ -z "$$data" ]; then data=.data; \
+	  if [ "$$(id -u)" = 0 ] && ! runuser -u postgres -- test -x "$(CURDIR)" 2>/dev/null; then \
+	    data=/var/lib/orderpipe-dev; \
+	    echo "note: the postgres account cannot reach $(CURDIR); dev keeps its data in $$data (set ORDERPIPE_DATA_DIR to choose)"; \
+	  fi; fi; \
+	exec env ORDERPIPE_DATA_DIR="$$data" ./bin/orderpipe dev
 
 ## test: gofmt, go vet, the pinned linter, the whole suite with -race (real servers), short fuzzing
 test: postgres-binaries check-fmt vet lint alert-rules unit fuzz
