@@ -24,21 +24,6 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// dataDir is a fresh ORDERPIPE_DATA_DIR that the postgres account can reach
-// when the tests run as root (t.TempDir's parent is 0700).
-func dataDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "orderpipe-devenv-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Join(dir, "data")
-}
-
 func devConfig(t *testing.T, dir string) config.Config {
 	t.Helper()
 	cfg, err := config.FromEnv()
@@ -93,7 +78,7 @@ func readEnvFile(t *testing.T, path string) map[string]string {
 }
 
 func TestStartStopStartKeepsData(t *testing.T) {
-	dir := dataDir(t)
+	dir := testenv.PostgresDataDir(t)
 	cfg := devConfig(t, dir)
 	var seeded atomic.Int32
 	seed := func(ctx context.Context, pool *pgxpool.Pool) error {
@@ -209,7 +194,7 @@ func (s *syncBuffer) String() string {
 }
 
 func TestRunWithoutPartsStopsOnCancel(t *testing.T) {
-	dir := dataDir(t)
+	dir := testenv.PostgresDataDir(t)
 	cfg := devConfig(t, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -256,7 +241,7 @@ func TestRunWithoutPartsStopsOnCancel(t *testing.T) {
 }
 
 func TestRunWithCancelledContextLeavesNothing(t *testing.T) {
-	dir := dataDir(t)
+	dir := testenv.PostgresDataDir(t)
 	cfg := devConfig(t, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -18,21 +18,6 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// dataDir returns a folder for a cluster that the postgres account can
-// reach when the tests run as root (t.TempDir's parent is 0700).
-func dataDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "orderpipe-localpg-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Join(dir, "data")
-}
-
 func start(t *testing.T, opts localpg.Options) *localpg.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -72,7 +57,7 @@ func TestStartFailureShowsServerLog(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := localpg.Start(ctx, localpg.Options{DataDir: dataDir(t), ExtraArgs: []string{"-c", "shared_buffers=bogus"}})
+	s, err := localpg.Start(ctx, localpg.Options{DataDir: testenv.PostgresDataDir(t), ExtraArgs: []string{"-c", "shared_buffers=bogus"}})
 	if err == nil {
 		_ = s.Stop()
 		t.Fatal("PostgreSQL started with shared_buffers=bogus")
@@ -86,7 +71,7 @@ func TestStartFailureShowsServerLog(t *testing.T) {
 
 func TestStalePidFileOfKilledServerDoesNotBlockStart(t *testing.T) {
 	t.Parallel()
-	dir := dataDir(t)
+	dir := testenv.PostgresDataDir(t)
 	// Durable, as `dev` runs it: a committed row survives the crash.
 	first := start(t, localpg.Options{DataDir: dir, Durable: true})
 	query(t, first.URL("postgres"), "CREATE TABLE survivor (v int); INSERT INTO survivor VALUES (7)")
@@ -129,7 +114,7 @@ func TestStalePidFileOfKilledServerDoesNotBlockStart(t *testing.T) {
 
 func TestStopEndsEveryServerProcess(t *testing.T) {
 	t.Parallel()
-	s := start(t, localpg.Options{DataDir: dataDir(t)})
+	s := start(t, localpg.Options{DataDir: testenv.PostgresDataDir(t)})
 	pid := s.Pid()
 	query(t, s.URL("postgres"), "SELECT 1")
 	if groupGone(pid) {
@@ -148,7 +133,7 @@ func TestStopEndsEveryServerProcess(t *testing.T) {
 
 func TestRestartKeepsPortAndData(t *testing.T) {
 	t.Parallel()
-	s := start(t, localpg.Options{DataDir: dataDir(t)})
+	s := start(t, localpg.Options{DataDir: testenv.PostgresDataDir(t)})
 	port := s.Port()
 	query(t, s.URL("postgres"), "CREATE TABLE kept (v int); INSERT INTO kept VALUES (1)")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -131,17 +132,12 @@ func startPostgres() {
 	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
 		pgAdminURL = u
 	} else {
-		dir, err := os.MkdirTemp("", "orderpipe-testpg-")
+		dir, err := reachableTempDir()
 		if err != nil {
 			pgErr = err
 			return
 		}
 		pgDir = dir
-		// The temp dir is 0700 root's; the server runs as postgres.
-		if err := os.Chmod(dir, 0o711); err != nil {
-			pgErr = err
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		pgServer, pgErr = localpg.Start(ctx, localpg.Options{DataDir: dir + "/data"})
@@ -240,23 +236,44 @@ func newDB(t testing.TB, prefix string, fromTemplate bool) *Database {
 	return d
 }
 
+// reachableTempDir makes a temp dir that the postgres account can pass
+// through when the tests run as root (a server started by localpg runs as
+// postgres then; t.TempDir's parent is 0700).
+func reachableTempDir() (string, error) {
+	dir, err := os.MkdirTemp("", "orderpipe-testpg-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", err
+	}
+	return dir, nil
+}
+
+// PostgresDataDir returns a not-yet-existing data folder for a PostgreSQL
+// cluster of the test's own, reachable by the postgres account; it is
+// removed when the test ends (after the cleanups registered later, such as
+// stopping the server).
+func PostgresDataDir(t testing.TB) string {
+	t.Helper()
+	dir, err := reachableTempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return filepath.Join(dir, "data")
+}
+
 // Postgres starts a PostgreSQL server of the test's own (for tests that
 // restart or stop it), with the schema applied to database "postgres". It
 // is stopped and removed when the test ends.
 func Postgres(t testing.TB) *localpg.Server {
 	t.Helper()
-	// Not t.TempDir: its parent is 0700 and the server runs as postgres.
-	dir, err := os.MkdirTemp("", "orderpipe-testpg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	dataDir := PostgresDataDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := localpg.Start(ctx, localpg.Options{DataDir: dir + "/data"})
+	s, err := localpg.Start(ctx, localpg.Options{DataDir: dataDir})
 	if err != nil {
 		t.Fatalf("testenv: PostgreSQL could not start: %v", err)
 	}
