@@ -36,6 +36,10 @@ var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceCont
 
 var setupOnce sync.Once
 
+// A process that never calls Setup (a one-shot command, a test) still gets
+// real, unexported spans, so trace ids exist wherever the package says so.
+func init() { Install(sdktrace.NewTracerProvider()) }
+
 // Setup installs the process's tracer provider and the W3C propagator. The
 // returned function flushes and stops the exporter.
 func Setup(ctx context.Context, service string) (shutdown func(context.Context) error, err error) {
@@ -50,7 +54,14 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
 	Install(tp)
-	return tp.Shutdown, nil
+	return func(ctx context.Context) error {
+		// Never leave a stopped provider installed: its spans would have no
+		// trace ids for whatever still runs in this process (tests, dev).
+		if otel.GetTracerProvider() == trace.TracerProvider(tp) {
+			Install(sdktrace.NewTracerProvider())
+		}
+		return tp.Shutdown(ctx)
+	}, nil
 }
 
 // Install makes tp the global tracer provider (tests install one with an

@@ -48,3 +48,20 @@ func TestExtractMalformed(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceIDsSurviveShutdown: a process that set tracing up and shut it
+// down (one part of `dev`, a test's env) still gets trace ids afterwards.
+func TestTraceIDsSurviveShutdown(t *testing.T) {
+	shutdown, err := Setup(context.Background(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, span := Tracer().Start(context.Background(), "after")
+	defer span.End()
+	if TraceID(ctx) == "" {
+		t.Fatal("no trace id after the exporter's shutdown")
+	}
+}
