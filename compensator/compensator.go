@@ -52,6 +52,7 @@ import (
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/tracing"
 )
 
 // Failpoint names in this package.
@@ -77,6 +78,9 @@ const (
 // an order.
 type Action struct {
 	OrderID uuid.UUID
+	// ClientID and RequestID name the order in the log.
+	ClientID  uuid.UUID
+	RequestID string
 	// Kind is KindRedrive, KindUnwind, KindRefund or KindSkip.
 	Kind string
 	// From is the order's status when the compensator acted.
@@ -466,11 +470,16 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 
 var errSkip = errors.New("skip")
 
+// logAction reports a to OnAction and logs it, in a span of its own so the
+// line carries a trace id like every other line about an order.
 func (c *Compensator) logAction(a Action) {
 	if c.OnAction != nil {
 		c.OnAction(a)
 	}
-	c.logger.Info("compensator action", slog.String("action", a.Kind), slog.String("order_id", a.OrderID.String()),
+	ctx, span := tracing.Tracer().Start(context.Background(), "compensator "+a.Kind)
+	defer span.End()
+	c.logger.InfoContext(ctx, "compensator action", slog.String("action", a.Kind), slog.String("order_id", a.OrderID.String()),
+		slog.String("request_id", a.RequestID), slog.String("client_id", a.ClientID.String()),
 		slog.String("from_status", string(a.From)), slog.Int("attempt", a.Attempt), slog.String("reason", a.Reason),
 		slog.Bool("dry_run", a.DryRun))
 }
@@ -485,7 +494,7 @@ const claimCAS = `
 // re-drive number, in tx.
 func (c *Compensator) redrive(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, int64, error) {
 	attempt := o.attempt() + 1
-	a := Action{OrderID: o.ID, Kind: KindRedrive, From: o.Status, Attempt: attempt,
+	a := Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindRedrive, From: o.Status, Attempt: attempt,
 		Reason: fmt.Sprintf("no progress in %s for %s (deadline %s); re-drive %d of %d",
 			o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), attempt, c.cfg.Attempts())}
 	tag, err := tx.Exec(ctx, claimCAS, o.ID, string(o.Status), o.Attempts, o.RedriveStatus, attempt)
@@ -528,7 +537,7 @@ func (c *Compensator) redrive(ctx context.Context, tx pgx.Tx, o stuckOrder) (Act
 // commit), the order moved to cancelled if it is still where it was read.
 func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, int64, error) {
 	spent := o.attempt()
-	a := Action{OrderID: o.ID, Kind: KindUnwind, From: o.Status, Attempt: spent}
+	a := Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindUnwind, From: o.Status, Attempt: spent}
 	tag, err := tx.Exec(ctx, claimCAS, o.ID, string(o.Status), o.Attempts, o.RedriveStatus, o.Attempts)
 	if err != nil {
 		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
@@ -563,7 +572,7 @@ func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Acti
 }
 
 func (c *Compensator) skip(o stuckOrder, why string) Action {
-	return Action{OrderID: o.ID, Kind: KindSkip, From: o.Status, Attempt: o.attempt(), Reason: why}
+	return Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindSkip, From: o.Status, Attempt: o.attempt(), Reason: why}
 }
 
 // record writes a to compensator_actions.

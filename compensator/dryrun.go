@@ -51,7 +51,7 @@ func (c *Compensator) dryRun(ctx context.Context) (Result, error) {
 			return res, err
 		}
 		for _, r := range due {
-			a := Action{OrderID: r.OrderID, Kind: KindRefund, From: order.StatusCancelled, DryRun: true,
+			a := Action{OrderID: r.OrderID, ClientID: r.ClientID, RequestID: r.RequestID, Kind: KindRefund, From: order.StatusCancelled, DryRun: true,
 				Reason: fmt.Sprintf("refund of charge %s due (payment %s)", deref(r.ChargeID), r.Status)}
 			res.add(a)
 			c.logAction(a)
@@ -80,7 +80,7 @@ func (c *Compensator) dryRun(ctx context.Context) (Result, error) {
 func (c *Compensator) wouldAct(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, error) {
 	if o.attempt() < c.cfg.Attempts() {
 		attempt := o.attempt() + 1
-		return Action{OrderID: o.ID, Kind: KindRedrive, From: o.Status, Attempt: attempt, DryRun: true,
+		return Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindRedrive, From: o.Status, Attempt: attempt, DryRun: true,
 			Reason: fmt.Sprintf("no progress in %s for %s (deadline %s); re-drive %d of %d",
 				o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), attempt, c.cfg.Attempts())}, nil
 	}
@@ -100,7 +100,7 @@ func (c *Compensator) wouldAct(ctx context.Context, tx pgx.Tx, o stuckOrder) (Ac
 	case !errors.Is(err, pgx.ErrNoRows):
 		return Action{}, fmt.Errorf("read payment of order %s: %w", o.ID, err)
 	}
-	return Action{OrderID: o.ID, Kind: KindUnwind, From: o.Status, Attempt: o.attempt(), DryRun: true,
+	return Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindUnwind, From: o.Status, Attempt: o.attempt(), DryRun: true,
 		Reason: fmt.Sprintf("no progress in %s for %s (deadline %s) after %d re-drives; would release %d reservation(s); %s",
 			o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), o.attempt(), held, refund)}, nil
 }

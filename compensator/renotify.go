@@ -82,7 +82,7 @@ func (c *Compensator) selectLostNotices(ctx context.Context, q querier, limit in
 }
 
 func (n lostNotice) action(dryRun bool) Action {
-	return Action{OrderID: n.ID, Kind: KindRenotify, From: n.Status, Attempt: n.Attempts + 1, DryRun: dryRun,
+	return Action{OrderID: n.ID, ClientID: n.ClientID, RequestID: n.RequestID, Kind: KindRenotify, From: n.Status, Attempt: n.Attempts + 1, DryRun: dryRun,
 		Reason: fmt.Sprintf("%s for %s and change %d has no webhook delivery; event published again (%d)",
 			n.Status, n.Age.Round(time.Second), n.Seq, n.Attempts+1)}
 }

@@ -1,7 +1,9 @@
 package compensator_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"slices"
 	"testing"
 
@@ -9,6 +11,8 @@ import (
 
 	"orderpipe/compensator"
 	"orderpipe/consumers/notify"
+	"orderpipe/shared/app"
+	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
@@ -44,7 +48,12 @@ func TestRenotifyAFinalEventTheBrokerLost(t *testing.T) {
 	w.exec(`UPDATE orders SET callback_url = 'https://shop.example/hooks' WHERE order_id = $1`, lost.OrderID)
 	_, quietID := confirm() // no callback URL: nothing to notify
 
-	c := w.comp(w.cfg(3), w.psp)
+	var logs bytes.Buffer
+	c, err := compensator.New(w.cfg(3), w.db.Pool, w.relay, w.psp,
+		app.NewLogger(config.Config{LogFormat: "json", LogLevel: "info"}, &logs))
+	if err != nil {
+		t.Fatal(err)
+	}
 	dry := w.comp(func() compensator.Config { cfg := w.cfg(3); cfg.DryRun = true; return cfg }(), w.psp)
 	before := dump(t, w.db.Pool)
 	if res := w.pass(dry); len(res.Actions) != 1 || res.Actions[0].Kind != compensator.KindRenotify {
@@ -57,6 +66,20 @@ func TestRenotifyAFinalEventTheBrokerLost(t *testing.T) {
 	res := w.pass(c)
 	if len(res.Actions) != 1 || res.Actions[0].Kind != compensator.KindRenotify || res.Actions[0].OrderID != lost.OrderID {
 		t.Fatalf("first pass: %+v", res.Actions)
+	}
+	// The action's log line names the order fully, with a trace id.
+	var line map[string]any
+	if err := json.Unmarshal(bytes.SplitN(logs.Bytes(), []byte("\n"), 2)[0], &line); err != nil {
+		t.Fatalf("log: %v: %s", err, logs.String())
+	}
+	for k, want := range map[string]string{"msg": "compensator action", "order_id": lostID,
+		"request_id": lost.RequestID, "client_id": lost.ClientID.String()} {
+		if line[k] != want {
+			t.Errorf("log line %s = %v, want %s", k, line[k], want)
+		}
+	}
+	if tid, _ := line["trace_id"].(string); tid == "" {
+		t.Errorf("log line lacks trace_id: %v", line)
 	}
 	if ids := w.msgIDs(lost.OrderID); !slices.Contains(ids, lostID+":confirmed:r1") {
 		t.Fatalf("stream holds %v, want the re-published confirmed event", ids)

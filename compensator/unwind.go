@@ -15,6 +15,7 @@ import (
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/tracing"
 )
 
 // markRefundDue records, in the unwind's transaction, that the order's
@@ -50,6 +51,8 @@ func deref(s *string) string {
 // refundDue is a payment of a cancelled order that may hold money.
 type refundDue struct {
 	OrderID   uuid.UUID
+	ClientID  uuid.UUID
+	RequestID string
 	Status    string
 	ChargeKey string
 	Amount    string
@@ -66,7 +69,7 @@ type refundDue struct {
 // charge recorded on an order after it was cancelled).
 func selectRefundsDue(ctx context.Context, q querier, cursor uuid.UUID, limit int, recent time.Duration, lock bool) ([]refundDue, error) {
 	sql := `
-		SELECT p.order_id, p.status, p.idempotency_key, p.amount::text, p.currency, p.charge_id, coalesce(p.refund_key, '')
+		SELECT p.order_id, o.client_id, o.request_id, p.status, p.idempotency_key, p.amount::text, p.currency, p.charge_id, coalesce(p.refund_key, '')
 		FROM payments p JOIN orders o ON o.order_id = p.order_id
 		WHERE p.order_id IN (
 		        SELECT order_id FROM payments WHERE status = 'pending' OR (status = 'succeeded' AND refund_key IS NOT NULL)
@@ -85,7 +88,7 @@ func selectRefundsDue(ctx context.Context, q querier, cursor uuid.UUID, limit in
 	var out []refundDue
 	for rows.Next() {
 		var r refundDue
-		if err := rows.Scan(&r.OrderID, &r.Status, &r.ChargeKey, &r.Amount, &r.Currency, &r.ChargeID, &r.RefundKey); err != nil {
+		if err := rows.Scan(&r.OrderID, &r.ClientID, &r.RequestID, &r.Status, &r.ChargeKey, &r.Amount, &r.Currency, &r.ChargeID, &r.RefundKey); err != nil {
 			return nil, fmt.Errorf("select refunds due: %w", err)
 		}
 		out = append(out, r)
@@ -148,7 +151,10 @@ func (c *Compensator) refundOne(ctx context.Context, r refundDue, res *Result) e
 	if inFlight(err) {
 		// Another caller is asking with the same key right now; it
 		// records the answer (or, if it dies, a later pass asks again).
-		c.logger.Info("refund in flight elsewhere; settled on a later pass", slog.String("order_id", r.OrderID.String()))
+		lctx, span := tracing.Tracer().Start(ctx, "compensator refund")
+		defer span.End()
+		c.logger.InfoContext(lctx, "refund in flight elsewhere; settled on a later pass", slog.String("order_id", r.OrderID.String()),
+			slog.String("request_id", r.RequestID), slog.String("client_id", r.ClientID.String()))
 		return nil
 	}
 	if err != nil {
@@ -157,7 +163,7 @@ func (c *Compensator) refundOne(ctx context.Context, r refundDue, res *Result) e
 	if done.RefundID == "" {
 		return nil // the pending charge turned out declined: nothing to give back
 	}
-	a := Action{OrderID: r.OrderID, Kind: KindRefund, From: order.StatusCancelled,
+	a := Action{OrderID: r.OrderID, ClientID: r.ClientID, RequestID: r.RequestID, Kind: KindRefund, From: order.StatusCancelled,
 		Reason: fmt.Sprintf("refunded charge %s: refund %s (key %s)", done.ChargeID, done.RefundID, payment.RefundKey(r.OrderID))}
 	recorded := false
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
