@@ -58,7 +58,7 @@ type payments struct {
 	psp  *psp.Client
 }
 
-var errOrderMoved = errors.New("order left reserved while it was being charged")
+var errOrderMoved = errors.New("order was cancelled while it was being charged")
 
 func (p *payments) handle(ctx context.Context, m step.Message, commit step.Commit) error {
 	id := m.Event.OrderID
@@ -102,8 +102,15 @@ func (p *payments) handle(ctx context.Context, m step.Message, commit step.Commi
 		if err != nil {
 			return nil, err
 		}
-		if st != order.StatusReserved {
+		switch st {
+		case order.StatusReserved:
+		case order.StatusCancelled, order.StatusRejected:
 			return nil, errOrderMoved
+		default:
+			// Another delivery (the original, a re-drive, a replay) got
+			// there first with the same charge: the order went through.
+			// Record the dedupe row and nothing else.
+			return nil, nil
 		}
 		if err := record(ctx, tx, id, ans); err != nil {
 			return nil, err
