@@ -14,10 +14,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"orderpipe/compensator"
-	"orderpipe/consumers/payment"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/testenv"
 )
@@ -216,12 +216,12 @@ func TestRefundCrashBetweenProviderAndRecord(t *testing.T) {
 	if _, err := w.comp(w.cfg(compensator.NoRedrive), nil).RunOnce(ctx); err == nil {
 		t.Fatal("want the refund reported as due")
 	}
-	if s := w.str(`SELECT status || ' ' || refund_key FROM payments WHERE order_id = $1`, id); s != "succeeded "+payment.RefundKey(id) {
+	if s := w.str(`SELECT status || ' ' || refund_key FROM payments WHERE order_id = $1`, id); s != "succeeded "+payments.RefundKey(id) {
 		t.Fatalf("refund intent: %s", s)
 	}
 	// The crashed compensator's call: the provider refunded, nothing was
 	// recorded.
-	first, err := w.psp.Refund(ctx, payment.RefundKey(id), w.str(`SELECT charge_id FROM payments WHERE order_id = $1`, id))
+	first, err := w.psp.Refund(ctx, payments.RefundKey(id), w.str(`SELECT charge_id FROM payments WHERE order_id = $1`, id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestRefundCrashBetweenProviderAndRecord(t *testing.T) {
 
 // The provider is down when an order whose charge outcome is unknown is
 // unwound: the order is cancelled at once, the refund stays due, and once
-// the provider is back the charge is resolved and refunded, once.
+// the provider is back the key is voided, never charged.
 func TestProviderDownDuringUnwind(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -266,18 +266,26 @@ func TestProviderDownDuringUnwind(t *testing.T) {
 	if _, err := w.comp(w.cfg(compensator.NoRedrive), nil).RunOnce(context.Background()); err == nil || !strings.Contains(err.Error(), "no payment provider") {
 		t.Fatalf("without provider: %v", err)
 	}
+	// The provider is back. It never saw the key, so the key is voided:
+	// nothing is charged to learn the outcome, and nothing is refunded.
 	res = w.pass(w.comp(w.cfg(compensator.NoRedrive), w.psp))
-	if res.Refunded != 1 {
+	if res.Refunded != 0 {
 		t.Fatalf("%+v", res)
 	}
-	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 1 {
-		t.Fatalf("refunds %d", n)
+	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 0 {
+		t.Fatalf("refunds %d, want 0", n)
 	}
-	if n := w.int(`SELECT count(*) FROM psp_charges`); n != 1 {
-		t.Fatalf("charges %d", n)
+	if n := w.int(`SELECT count(*) FROM psp_charges WHERE state <> 'voided'`); n != 0 {
+		t.Fatalf("charges %d, want 0: an unwind must never charge", n)
 	}
-	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "refunded" {
-		t.Fatalf("payment %s", s)
+	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "voided" {
+		t.Fatalf("payment %s, want voided", s)
+	}
+	if _, err := w.psp.Charge(context.Background(), payments.ChargeKey(id), "1.00", "CNY", id.String()); !psp.IsVoided(err) {
+		t.Fatalf("a late charge of the voided key: %v, want 410", err)
+	}
+	if res := w.pass(w.comp(w.cfg(compensator.NoRedrive), w.psp)); len(res.Actions) != 0 {
+		t.Fatalf("a later pass acted again: %+v", res.Actions)
 	}
 }
 

@@ -94,7 +94,7 @@ func (c *Compensator) wouldAct(ctx context.Context, tx pgx.Tx, o stuckOrder) (Ac
 	err := tx.QueryRow(ctx, `SELECT status, charge_id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, o.ID).Scan(&status, &chargeID)
 	switch {
 	case err == nil && status == "pending":
-		refund = "charge outcome unknown: would resolve with the provider, refund if charged"
+		refund = "charge outcome unknown: would void the key with the provider, refund if it had charged"
 	case err == nil:
 		refund = fmt.Sprintf("would refund charge %s", deref(chargeID))
 	case !errors.Is(err, pgx.ErrNoRows):
@@ -103,4 +103,12 @@ func (c *Compensator) wouldAct(ctx context.Context, tx pgx.Tx, o stuckOrder) (Ac
 	return Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindUnwind, From: o.Status, Attempt: o.attempt(), DryRun: true,
 		Reason: fmt.Sprintf("no progress in %s for %s (deadline %s) after %d re-drives; would release %d reservation(s); %s",
 			o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), o.attempt(), held, refund)}, nil
+}
+
+// deref returns *s, or "" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -223,8 +223,8 @@ func TestProviderDownThenBackIsRedrivenToConfirmed(t *testing.T) {
 }
 
 // The provider stays down past every re-drive: the order is unwound, and
-// its charge — whose outcome was unknown while the provider was down — is
-// resolved and refunded once the provider is back.
+// its charge key — whose outcome was unknown while the provider was down —
+// is voided once the provider is back: no charge, no refund.
 func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -253,13 +253,21 @@ func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 		t.Fatal("not unwound")
 	}
 	p.psp.down.Store(false)
+	// The provider is back and never charged the key: the key is voided,
+	// nothing is charged to learn that, and nothing is refunded.
 	res = w.pass(c)
-	if res.Refunded != 1 {
+	if res.Refunded != 0 {
 		t.Fatalf("refund: %+v", res)
 	}
 	w.checkInvariants()
-	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 1 {
-		t.Fatalf("refunds %d", n)
+	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 0 {
+		t.Fatalf("refunds %d, want 0", n)
+	}
+	if n := w.int(`SELECT count(*) FROM psp_charges WHERE state <> 'voided'`); n != 0 {
+		t.Fatalf("charges %d, want 0: an unwind must never charge", n)
+	}
+	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "voided" {
+		t.Fatalf("payment %s, want voided", s)
 	}
 	if res := w.pass(c); len(res.Actions) != 0 {
 		t.Fatalf("acted again: %+v", res.Actions)

@@ -19,12 +19,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/compensator"
-	"orderpipe/consumers/payment"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
+	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/testenv"
 )
@@ -203,7 +203,7 @@ func (w *world) newOrder(s spec) uuid.UUID {
 	if err != nil {
 		w.t.Fatalf("create order: %v", err)
 	}
-	key := payment.ChargeKey(id)
+	key := payments.ChargeKey(id)
 	switch s.payment {
 	case "pending":
 		w.exec(`INSERT INTO payments (order_id, idempotency_key, amount, currency, status) VALUES ($1, $2, 12.50, 'CNY', 'pending')`, id, key)

@@ -11,41 +11,29 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"orderpipe/consumers/payment"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
+	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tracing"
 )
 
 // markRefundDue records, in the unwind's transaction, that the order's
-// charge (if one succeeded, or may have: a pending payment) must be
-// refunded, with the refund's Idempotency-Key. The refund itself happens
-// after the commit (refunds). It returns a description for the action.
+// charge (if one succeeded, or may have: a pending payment) must be given
+// back, with the refund's Idempotency-Key. The provider is called after the
+// commit (refunds). It returns a description for the action.
 func markRefundDue(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (string, error) {
-	var status string
-	var chargeID *string
-	err := tx.QueryRow(ctx, `
-		UPDATE payments SET refund_key = coalesce(refund_key, $2), updated_at = now()
-		WHERE order_id = $1 AND status IN ('pending', 'succeeded')
-		RETURNING status, charge_id`, orderID, payment.RefundKey(orderID)).Scan(&status, &chargeID)
+	p, err := payments.MarkRefundDue(ctx, tx, orderID)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, payments.ErrNoPayment):
 		return "no charge to refund", nil
 	case err != nil:
-		return "", fmt.Errorf("mark refund due for order %s: %w", orderID, err)
-	case status == "pending":
-		return "charge outcome unknown: resolve with the provider, refund if charged", nil
+		return "", err
+	case p.Status == payments.Pending:
+		return "charge outcome unknown: void the key with the provider, refund if it had charged", nil
 	default:
-		return fmt.Sprintf("refund of charge %s due", deref(chargeID)), nil
+		return fmt.Sprintf("refund of charge %s due", p.ChargeID), nil
 	}
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // refundDue is a payment of a cancelled order that may hold money.
@@ -112,7 +100,7 @@ func (c *Compensator) refunds(ctx context.Context, res *Result) error {
 			}
 			for i, r := range due {
 				if r.RefundKey == "" {
-					due[i].RefundKey = payment.RefundKey(r.OrderID)
+					due[i].RefundKey = payments.RefundKey(r.OrderID)
 					if _, err := tx.Exec(ctx, `UPDATE payments SET refund_key = $2, updated_at = now() WHERE order_id = $1 AND refund_key IS NULL`, r.OrderID, due[i].RefundKey); err != nil {
 						return fmt.Errorf("record refund intent of order %s: %w", r.OrderID, err)
 					}
@@ -139,15 +127,14 @@ func (c *Compensator) refunds(ctx context.Context, res *Result) error {
 }
 
 // refundOne settles one payment of a cancelled order with the provider
-// through payment.Refund (the payment step's helper: the same
-// Idempotency-Key "refund:<order_id>" from every caller; a pending charge
-// is first resolved with its own key) and records the compensator's refund
+// through payments.Settle (the same keys from every caller; a pending
+// charge key is voided, never charged) and records the compensator's refund
 // action once.
 func (c *Compensator) refundOne(ctx context.Context, r refundDue, res *Result) error {
 	if c.provider == nil {
 		return fmt.Errorf("refund of order %s is due but no payment provider is configured", r.OrderID)
 	}
-	done, err := payment.Refund(ctx, c.pool, c.provider, r.OrderID)
+	done, err := payments.Settle(ctx, c.pool, c.provider, r.OrderID)
 	if inFlight(err) {
 		// Another caller is asking with the same key right now; it
 		// records the answer (or, if it dies, a later pass asks again).
@@ -161,10 +148,10 @@ func (c *Compensator) refundOne(ctx context.Context, r refundDue, res *Result) e
 		return fmt.Errorf("refund cancelled order %s: %w", r.OrderID, err)
 	}
 	if done.RefundID == "" {
-		return nil // the pending charge turned out declined: nothing to give back
+		return nil // the pending key was voided or declined: nothing to give back
 	}
 	a := Action{OrderID: r.OrderID, ClientID: r.ClientID, RequestID: r.RequestID, Kind: KindRefund, From: order.StatusCancelled,
-		Reason: fmt.Sprintf("refunded charge %s: refund %s (key %s)", done.ChargeID, done.RefundID, payment.RefundKey(r.OrderID))}
+		Reason: fmt.Sprintf("refunded charge %s: refund %s (key %s)", done.ChargeID, done.RefundID, payments.RefundKey(r.OrderID))}
 	recorded := false
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		// The payment row's lock serialises compensators that both saw

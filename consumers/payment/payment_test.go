@@ -14,6 +14,7 @@ import (
 	"orderpipe/consumers/pipetest"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/testenv"
 )
@@ -66,9 +67,9 @@ func TestRefundExactlyOnce(t *testing.T) {
 	id := e.CreateOrder(t, "12.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
 	testenv.WaitFor(t, 20*time.Second, "the order paid", func() bool { return e.Status(t, id) == order.StatusPaid })
 	unwind(t, e, id, order.StatusPaid)
-	var first payment.Refunded
+	var first payments.Settled
 	for i := range 3 {
-		r, err := payment.Refund(context.Background(), e.DB.Pool, client, id)
+		r, err := payments.Settle(context.Background(), e.DB.Pool, client, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,26 +89,96 @@ func TestRefundExactlyOnce(t *testing.T) {
 	e.CheckInvariants(t)
 }
 
-// TestRefundOfPendingPayment: the step recorded a pending payment and died
-// (the provider may or may not have charged): Refund learns the outcome
-// with the charge's own key and refunds it.
-func TestRefundOfPendingPayment(t *testing.T) {
+// TestSettlePendingPayment: the step recorded a pending payment and died
+// (the provider may or may not have charged). Settle never charges to learn
+// the outcome: it voids the key. A key the provider never saw is voided and
+// dead (nothing is charged, now or later); a key it did charge comes back
+// with its charge, which is refunded.
+func TestSettlePendingPayment(t *testing.T) {
 	t.Parallel()
 	e := setup(t, psp.Options{})
 	client := psp.NewClient(e.PSPURL, 5*time.Second)
-	id, _ := e.InsertOrder(t, "3.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
-	if _, err := e.DB.Pool.Exec(context.Background(), `
-		INSERT INTO payments (order_id, idempotency_key, amount, currency, status) VALUES ($1, $2, 3.00, 'CNY', 'pending')`,
-		id, payment.ChargeKey(id)); err != nil {
+	pending := func(id uuid.UUID) {
+		t.Helper()
+		if err := payments.RecordPending(t.Context(), e.DB.Pool, id, "3.00", "CNY"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, err := payments.Settle(t.Context(), e.DB.Pool, client, uuid.New()); err != nil || r != (payments.Settled{}) {
+		t.Fatalf("settle of an order without payment: %+v, %v", r, err)
+	}
+
+	never, _ := e.InsertOrder(t, "3.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	pending(never)
+	unwind(t, e, never, order.StatusProcessing)
+	for range 2 {
+		r, err := payments.Settle(t.Context(), e.DB.Pool, client, never)
+		if err != nil || !r.Voided || r.ChargeID != "" || r.RefundID != "" {
+			t.Fatalf("settle of a key never charged = %+v, %v; want voided", r, err)
+		}
+	}
+	if n := count(t, e, `SELECT count(*) FROM psp_charges WHERE reference = $1 AND state <> 'voided'`, never.String()); n != 0 {
+		t.Fatalf("%d charges made to settle an order never charged, want 0", n)
+	}
+	if _, err := client.Charge(t.Context(), payments.ChargeKey(never), "3.00", "CNY", never.String()); !psp.IsVoided(err) {
+		t.Fatalf("a late charge of the voided key: %v, want 410", err)
+	}
+
+	charged, _ := e.InsertOrder(t, "3.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	pending(charged)
+	if _, err := client.Charge(t.Context(), payments.ChargeKey(charged), "3.00", "CNY", charged.String()); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := payment.Refund(context.Background(), e.DB.Pool, client, uuid.New()); err != nil || r != (payment.Refunded{}) {
-		t.Fatalf("refund of an order without payment: %+v, %v", r, err)
+	unwind(t, e, charged, order.StatusProcessing)
+	r, err := payments.Settle(t.Context(), e.DB.Pool, client, charged)
+	if err != nil || r.Voided || r.ChargeID == "" || r.RefundID == "" {
+		t.Fatalf("settle of a charged key = %+v, %v; want refunded", r, err)
 	}
-	unwind(t, e, id, order.StatusProcessing)
-	r, err := payment.Refund(context.Background(), e.DB.Pool, client, id)
-	if err != nil || r.ChargeID == "" || r.RefundID == "" {
-		t.Fatalf("refund = %+v, %v", r, err)
+	if n := count(t, e, `SELECT count(*) FROM psp_charges WHERE reference = $1`, charged.String()); n != 1 {
+		t.Fatalf("%d charges, want the one", n)
+	}
+	e.CheckInvariants(t)
+}
+
+// TestPermanentRefusalCancels: a provider that refuses the charge for good
+// (a 4xx other than 402 and 409: here the key was already used with another
+// body) is no dead end: the order ends cancelled with the provider's
+// reason, its stock released, its key settled, and nothing stays charged.
+func TestPermanentRefusalCancels(t *testing.T) {
+	t.Parallel()
+	e := setup(t, psp.Options{})
+	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 3})
+	// Someone charged the order's key with another body: the step's own
+	// charge is refused with 422.
+	if _, err := client.Charge(t.Context(), payments.ChargeKey(id), "1.00", "CNY", id.String()); err != nil {
+		t.Fatal(err)
+	}
+	voided := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 2})
+	// And a key voided before the step ran: the charge gets 410.
+	if _, err := client.Void(t.Context(), payments.ChargeKey(voided), voided.String()); err != nil {
+		t.Fatal(err)
+	}
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
+	e.WaitTerminal(t, 30*time.Second)
+	for _, o := range []struct {
+		id   uuid.UUID
+		want string
+	}{{id, "payment refused by the provider: this Idempotency-Key was used with another request body (422)"},
+		{voided, "payment refused by the provider: the charge was voided"}} {
+		var status, reason string
+		if err := e.DB.Pool.QueryRow(t.Context(), `SELECT status, reason FROM orders WHERE order_id = $1`, o.id).Scan(&status, &reason); err != nil {
+			t.Fatal(err)
+		}
+		if status != "cancelled" || reason != o.want {
+			t.Errorf("order %s (%q), want cancelled with %q", status, reason, o.want)
+		}
+	}
+	if n := count(t, e, `SELECT count(*) FROM payments WHERE status IN ('pending', 'succeeded')`); n != 0 {
+		t.Fatalf("%d payments still hold money", n)
+	}
+	if n := count(t, e, `SELECT count(*) FROM dead_letters`); n != 0 {
+		t.Fatalf("%d dead letters: a refusal must end the order, not park its message", n)
 	}
 	e.CheckInvariants(t)
 }

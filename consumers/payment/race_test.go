@@ -17,6 +17,7 @@ import (
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
+	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 )
 
@@ -60,7 +61,7 @@ func relayOf(e *pipetest.Env) *outbox.Relay {
 func precharge(t *testing.T, e *pipetest.Env, client *psp.Client, ids []uuid.UUID) {
 	t.Helper()
 	for _, id := range ids {
-		if _, err := client.Charge(t.Context(), payment.ChargeKey(id), "5.00", "CNY", id.String()); err != nil {
+		if _, err := client.Charge(t.Context(), payments.ChargeKey(id), "5.00", "CNY", id.String()); err != nil {
 			t.Fatal(err)
 		}
 	}

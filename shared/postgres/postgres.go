@@ -10,6 +10,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -19,6 +20,16 @@ import (
 	"orderpipe/migrations"
 	"orderpipe/shared/config"
 )
+
+// DB is what the data functions of every package take: a pool, a
+// connection or a transaction (*pgxpool.Pool, *pgx.Conn and pgx.Tx all
+// satisfy it). A function that must run inside the caller's transaction
+// takes a pgx.Tx instead.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // Open creates a pool and pings it, so a wrong URL fails here and not at
 // the first query.

@@ -20,8 +20,9 @@ import (
 // whose outcome is unknown — 409 (the same key is in flight), 429, 5xx, a
 // timeout, a dropped connection — is an *Error with Transient set: retry
 // with the SAME key, which returns the first answer once there is one.
-// Other 4xx answers (a malformed request, a key reused with another body)
-// are permanent *Errors: retrying cannot help.
+// Other 4xx answers (a malformed request, a key reused with another body,
+// 410 for a charge whose key was voided) are permanent *Errors: retrying
+// cannot help.
 type Client struct {
 	// BaseURL is PSP_URL, e.g. http://127.0.0.1:8090.
 	BaseURL string
@@ -39,7 +40,7 @@ func NewClient(baseURL string, timeout time.Duration) *Client {
 
 // Error is a call that did not produce an answer.
 type Error struct {
-	// Op is "charge" or "refund".
+	// Op is "charge", "refund" or "void".
 	Op string
 	// Key is the Idempotency-Key of the call.
 	Key string
@@ -86,6 +87,22 @@ func (c *Client) Charge(ctx context.Context, key, amount, currency, reference st
 	return c.post(ctx, "charge", "/v1/charges", key, ChargeRequest{Amount: amount, Currency: currency, Reference: reference})
 }
 
+// Void resolves the charge key key without ever charging. The answer's
+// Status is StatusVoided (the provider never charged under key, and never
+// will: a later Charge with it gets a permanent 410), or the key's stored
+// answer, StatusSucceeded (refund it) or StatusDeclined. 409 (the charge is
+// in flight) and every unknown outcome are transient errors: call again.
+func (c *Client) Void(ctx context.Context, key, reference string) (Answer, error) {
+	return c.post(ctx, "void", "/v1/charges/void", key, VoidRequest{Reference: reference})
+}
+
+// IsVoided reports whether err is a charge refused because its key was
+// voided (410): nothing was charged, and nothing ever will be under it.
+func IsVoided(err error) bool {
+	var pe *Error
+	return errors.As(err, &pe) && pe.HTTPStatus == http.StatusGone
+}
+
 // Refund asks the provider to refund chargeID under key. The answer's
 // Status is StatusSucceeded.
 func (c *Client) Refund(ctx context.Context, key, chargeID string) (Answer, error) {
@@ -130,7 +147,19 @@ func (c *Client) post(ctx context.Context, op, path, key string, body any) (Answ
 		return fail(resp.StatusCode, true, "read answer", err)
 	}
 	switch {
-	case resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusPaymentRequired:
+	case op == "void" && resp.StatusCode == http.StatusOK:
+		var a Answer
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return fail(resp.StatusCode, true, "unreadable answer", err)
+		}
+		switch {
+		case a.Status == StatusVoided:
+		case (a.Status == StatusSucceeded || a.Status == StatusDeclined) && a.ID != "":
+		default:
+			return fail(resp.StatusCode, true, fmt.Sprintf("void answer status %q (id %q) is not a known outcome", a.Status, a.ID), nil)
+		}
+		return a, nil
+	case op != "void" && (resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusPaymentRequired):
 		var a Answer
 		if err := json.Unmarshal(raw, &a); err != nil || a.ID == "" {
 			return fail(resp.StatusCode, true, "unreadable answer", err)

@@ -37,9 +37,9 @@ type flags struct {
 
 func (f *flags) setup(fs *flag.FlagSet) {
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8090", "listen address")
-	fs.DurationVar(&f.opts.Latency, "latency", 50*time.Millisecond, "added to every charge and refund")
+	fs.DurationVar(&f.opts.Latency, "latency", 50*time.Millisecond, "added to every charge, refund and void")
 	fs.Float64Var(&f.opts.DeclineRate, "decline-rate", 0, "share of new charges declined with 402 (0-1)")
-	fs.Float64Var(&f.opts.ErrorRate, "error-rate", 0, "share of new charges and refunds answered 500 without effect (0-1)")
+	fs.Float64Var(&f.opts.ErrorRate, "error-rate", 0, "share of new charges, refunds and voids answered 500 without effect (0-1)")
 	fs.Float64Var(&f.opts.TimeoutRate, "timeout-rate", 0, `share of new charges that are charged and then not answered ("charge then time out", 0-1)`)
 	fs.DurationVar(&f.opts.Hang, "hang", 30*time.Second, `how long a "charge then time out" holds the connection before dropping it`)
 	fs.DurationVar(&f.opts.InFlightTimeout, "in-flight-timeout", 30*time.Second, "a key in flight for longer is taken to be abandoned and decided afresh")

@@ -166,6 +166,75 @@ func TestInFlightKeyGets409(t *testing.T) {
 	}
 }
 
+// TestVoid: a void resolves a key without ever charging. A key never seen
+// is voided and dead (a later charge gets 410 and charges nothing); a key
+// already decided answers its stored outcome and voids nothing; a key in
+// flight answers 409.
+func TestVoid(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	c := psp.NewClient(s.serve(t, psp.Options{}), 5*time.Second)
+	ctx := t.Context()
+	for range 2 {
+		a, err := c.Void(ctx, "charge:v1", "v1")
+		if err != nil || a.Status != psp.StatusVoided || a.ID != "" {
+			t.Fatalf("void of an unseen key = %+v, %v; want voided", a, err)
+		}
+	}
+	_, err := c.Charge(ctx, "charge:v1", "3.00", "CNY", "v1")
+	if !psp.IsVoided(err) || psp.IsTransient(err) {
+		t.Fatalf("charge with a voided key: %v, want permanent 410", err)
+	}
+	if n := s.count(t, `SELECT count(*) FROM psp_charges WHERE state IN ('succeeded', 'declined', 'in_flight')`); n != 0 {
+		t.Fatalf("%d charges after a void, want 0", n)
+	}
+
+	charged, err := c.Charge(ctx, "charge:v2", "3.00", "CNY", "v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err := c.Void(ctx, "charge:v2", "v2"); err != nil || a != charged {
+		t.Fatalf("void of a charged key = %+v, %v; want its charge %+v", a, err, charged)
+	}
+	if again, err := c.Charge(ctx, "charge:v2", "3.00", "CNY", "v2"); err != nil || again != charged {
+		t.Fatalf("the charge after a void of a charged key = %+v, %v; want it unchanged", again, err)
+	}
+
+	declining := psp.NewClient(s.serve(t, psp.Options{DeclineRate: 1}), 5*time.Second)
+	declined, err := declining.Charge(ctx, "charge:v3", "3.00", "CNY", "v3")
+	if err != nil || declined.Status != psp.StatusDeclined {
+		t.Fatal(declined, err)
+	}
+	if a, err := c.Void(ctx, "charge:v3", "v3"); err != nil || a != declined {
+		t.Fatalf("void of a declined key = %+v, %v; want %+v", a, err, declined)
+	}
+
+	slow := psp.NewClient(s.serve(t, psp.Options{Latency: 2 * time.Second}), 5*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		_, err := slow.Charge(context.WithoutCancel(ctx), "charge:v4", "3.00", "CNY", "v4")
+		done <- err
+	}()
+	testenv.WaitFor(t, 5*time.Second, "the charge in flight", func() bool {
+		return s.count(t, `SELECT count(*) FROM psp_charges WHERE idempotency_key = 'charge:v4' AND state = 'in_flight'`) == 1
+	})
+	_, err = c.Void(ctx, "charge:v4", "v4")
+	if !psp.IsTransient(err) || !isStatus(err, http.StatusConflict) {
+		t.Fatalf("void of a key in flight: %v, want transient 409", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	failing := psp.NewClient(s.serve(t, psp.Options{ErrorRate: 1}), 5*time.Second)
+	if _, err := failing.Void(ctx, "charge:v5", "v5"); !psp.IsTransient(err) {
+		t.Fatalf("void on a failing provider: %v, want transient", err)
+	}
+	if n := s.count(t, `SELECT count(*) FROM psp_charges WHERE idempotency_key = 'charge:v5'`); n != 0 {
+		t.Fatal("a failed void stored the key")
+	}
+}
+
 func TestRefund(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
@@ -229,6 +298,11 @@ func TestMalformedRequests(t *testing.T) {
 		{"refund no charge", "/v1/refunds", "k13", `{}`, 400},
 		{"refund bad json", "/v1/refunds", "k14", `{"charge_id":`, 400},
 		{"wrong method path", "/v1/charges/x", "k15", `{}`, 404},
+		{"void no key", "/v1/charges/void", "", `{"reference":"r"}`, 400},
+		{"void no reference", "/v1/charges/void", "k16", `{}`, 400},
+		{"void bad json", "/v1/charges/void", "k17", `{"reference":`, 400},
+		{"void unknown field", "/v1/charges/void", "k18", `{"reference":"r","amount":"1.00"}`, 400},
+		{"void reference with newline", "/v1/charges/void", "k19", `{"reference":"a\nb"}`, 400},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

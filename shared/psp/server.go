@@ -106,6 +106,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/charges", s.charge)
 	mux.HandleFunc("POST /v1/refunds", s.refund)
+	mux.HandleFunc("POST /v1/charges/void", s.void)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -239,6 +240,11 @@ func (s *Server) repeat(w http.ResponseWriter, r *http.Request, table, idCol, ke
 		s.storeFailed(w, "read idempotency key", err)
 		return "", false
 	}
+	if state == StatusVoided {
+		// The key was voided before it was ever charged: it is dead.
+		writeJSON(w, http.StatusGone, Answer{Status: StatusVoided})
+		return "", false
+	}
 	if string(gotFP) != string(fp) {
 		problem(w, http.StatusUnprocessableEntity, "idempotency_key_reused", "this Idempotency-Key was used with another request body")
 		return "", false
@@ -350,6 +356,83 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, Answer{ID: refundID, Status: StatusSucceeded})
+}
+
+// void resolves a charge key without charging: a key never seen is stored
+// as voided (and any later charge with it gets 410); a key already decided
+// answers its stored outcome; a key in flight answers 409.
+func (s *Server) void(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	key := r.Header.Get(HeaderIdempotencyKey)
+	if !ValidKey(key) {
+		problem(w, http.StatusBadRequest, "invalid_request", "Idempotency-Key header must be 1-255 printable characters")
+		return
+	}
+	req, err := DecodeVoid(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	if !sleepCtx(ctx, s.opts.Latency) {
+		return
+	}
+	if s.draw(false) == outcomeError {
+		problem(w, http.StatusInternalServerError, "provider_error", "injected provider error")
+		return
+	}
+	tag, err := s.pool.Exec(ctx, `
+		INSERT INTO psp_charges (idempotency_key, fingerprint, state, charge_id, reference, completed_at)
+		VALUES ($1, $2, 'voided', $3, $4, now())
+		ON CONFLICT (idempotency_key) DO NOTHING`, key, fingerprint("void", req.Reference), "vo_"+uuid.NewString(), req.Reference)
+	if err != nil {
+		s.storeFailed(w, "record void", err)
+		return
+	}
+	if tag.RowsAffected() == 1 {
+		writeJSON(w, http.StatusOK, Answer{Status: StatusVoided})
+		return
+	}
+	var (
+		state, id string
+		reason    *string
+		stale     bool
+	)
+	if err := s.pool.QueryRow(ctx, `
+		SELECT state, charge_id, reason, created_at < now() - make_interval(secs => $2)
+		FROM psp_charges WHERE idempotency_key = $1`, key, s.opts.InFlightTimeout.Seconds()).Scan(&state, &id, &reason, &stale); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) { // an injected error deleted an in-flight charge meanwhile
+			problem(w, http.StatusConflict, "in_flight", "the charge with this key is being processed; retry later")
+			return
+		}
+		s.storeFailed(w, "read idempotency key", err)
+		return
+	}
+	switch state {
+	case "in_flight":
+		if stale {
+			// Abandoned mid-request (the stand-in died): nothing was
+			// decided, so the key can be voided.
+			tag, err := s.pool.Exec(ctx, `
+				UPDATE psp_charges SET state = 'voided', completed_at = now()
+				WHERE idempotency_key = $1 AND state = 'in_flight' AND created_at < now() - make_interval(secs => $2)`,
+				key, s.opts.InFlightTimeout.Seconds())
+			if err == nil && tag.RowsAffected() == 1 {
+				writeJSON(w, http.StatusOK, Answer{Status: StatusVoided})
+				return
+			}
+		}
+		problem(w, http.StatusConflict, "in_flight", "the charge with this key is being processed; retry later")
+	case StatusVoided:
+		writeJSON(w, http.StatusOK, Answer{Status: StatusVoided})
+	case StatusDeclined:
+		a := Answer{ID: id, Status: StatusDeclined}
+		if reason != nil {
+			a.Reason = *reason
+		}
+		writeJSON(w, http.StatusOK, a)
+	default:
+		writeJSON(w, http.StatusOK, Answer{ID: id, Status: StatusSucceeded})
+	}
 }
 
 func (s *Server) storeFailed(w http.ResponseWriter, what string, err error) {

@@ -6,11 +6,16 @@
 //	  409 while K is in flight  422 K reused with another body  5xx/timeout: outcome unknown
 //	POST {PSP_URL}/v1/refunds  Idempotency-Key: K  {"charge_id":"..."}
 //	  201 {"id","status":"succeeded"}, same rules
+//	POST {PSP_URL}/v1/charges/void  Idempotency-Key: <the charge's key>  {"reference":"<order_id>"}
+//	  200 {"status":"voided"} (never charged; the key is dead: a later charge gets 410)
+//	  200 {"id","status":"succeeded"|"declined"} (the key's stored answer; nothing voided)
+//	  409 while the key's charge is in flight  5xx/timeout: unknown, retry
 //
 // A repeated key returns the first answer, so a caller that does not know
 // the outcome (5xx, timeout, 409) retries with the SAME key and never
 // charges twice. Client classifies answers for the consumers and the
-// compensator; Server is `orderpipe psp`, a provider stand-in that keeps
+// compensator, and resolves a key whose outcome is unknown with Void,
+// which never charges; Server is `orderpipe psp`, a provider stand-in that keeps
 // its charges in PostgreSQL and misbehaves on request (latency, declines,
 // errors, "charge then time out").
 package psp
@@ -30,6 +35,9 @@ import (
 const (
 	StatusSucceeded = "succeeded"
 	StatusDeclined  = "declined"
+	// StatusVoided answers a void of a key that was never charged, and a
+	// charge with a voided key (410).
+	StatusVoided = "voided"
 )
 
 // HeaderIdempotencyKey carries the caller's key on every POST.
@@ -53,10 +61,19 @@ type RefundRequest struct {
 	ChargeID string `json:"charge_id"`
 }
 
-// Answer is the body of a 201 or 402.
+// VoidRequest is the body of POST /v1/charges/void.
+type VoidRequest struct {
+	// Reference is the caller's reference (orderpipe sends the order id).
+	Reference string `json:"reference"`
+}
+
+// Answer is the body of a 201 or 402, and of a void's 200.
 type Answer struct {
-	ID     string `json:"id"`
+	// ID is the charge's or refund's id ("" for a voided key).
+	ID string `json:"id,omitempty"`
+	// Status is StatusSucceeded, StatusDeclined or StatusVoided.
 	Status string `json:"status"`
+	// Reason is a decline's reason.
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -154,10 +171,29 @@ func DecodeCharge(r io.Reader) (ChargeRequest, error) {
 	if !currencyRe.MatchString(c.Currency) {
 		return ChargeRequest{}, fmt.Errorf("%w: currency %q is not an ISO 4217 code", ErrInvalid, c.Currency)
 	}
-	if c.Reference == "" || len(c.Reference) > 255 || strings.ContainsAny(c.Reference, "\x00\n\r") {
-		return ChargeRequest{}, fmt.Errorf("%w: reference must be 1-255 characters on one line", ErrInvalid)
+	if err := checkReference(c.Reference); err != nil {
+		return ChargeRequest{}, err
 	}
 	return c, nil
+}
+
+func checkReference(ref string) error {
+	if ref == "" || len(ref) > 255 || strings.ContainsAny(ref, "\x00\n\r") {
+		return fmt.Errorf("%w: reference must be 1-255 characters on one line", ErrInvalid)
+	}
+	return nil
+}
+
+// DecodeVoid parses and validates a void request body.
+func DecodeVoid(r io.Reader) (VoidRequest, error) {
+	var v VoidRequest
+	if err := decodeStrict(r, &v); err != nil {
+		return VoidRequest{}, err
+	}
+	if err := checkReference(v.Reference); err != nil {
+		return VoidRequest{}, err
+	}
+	return v, nil
 }
 
 // DecodeRefund parses and validates a refund request body.
