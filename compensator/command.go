@@ -23,7 +23,7 @@ import (
 
 // flags are the command line of `orderpipe compensator`.
 type flags struct {
-	once, dryRun               bool
+	once, dryRun, force        bool
 	stuckAfter                 time.Duration
 	processing, reserved, paid time.Duration
 	maxAttempts                int
@@ -34,6 +34,7 @@ type flags struct {
 
 func (f *flags) setup(fs *flag.FlagSet) {
 	fs.BoolVar(&f.once, "once", false, "make one pass, print one line per action and a summary, and exit")
+	fs.BoolVar(&f.force, "force", false, "skip the start-up check that the windows fit together (for an operator who knows no consumer is still retrying); every action is recorded as forced")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "make one pass that only reads (in a READ ONLY transaction) and print what it would do; changes nothing")
 	fs.DurationVar(&f.stuckAfter, "stuck-after", 0, fmt.Sprintf("stuck deadline of every open state (default %s each; the per-state flags override it)", DefaultStuckProcessing))
 	fs.DurationVar(&f.processing, "stuck-processing", 0, fmt.Sprintf("stuck deadline of processing (default %s)", DefaultStuckProcessing))
@@ -62,7 +63,7 @@ func (f *flags) config(set map[string]bool) (Config, error) {
 	cfg := Config{
 		StuckProcessing: f.stuckAfter, StuckReserved: f.stuckAfter, StuckPaid: f.stuckAfter,
 		MaxAttempts: f.maxAttempts, Interval: f.interval, BatchSize: f.batchSize,
-		DedupeRetention: f.dedupeRetention, DryRun: f.dryRun,
+		DedupeRetention: f.dedupeRetention, DryRun: f.dryRun, Once: f.once || f.dryRun, Force: f.force,
 	}
 	var err error
 	if cfg.ConsumerHorizon, err = ConsumerHorizon(); err != nil {
@@ -89,7 +90,7 @@ func Command() cli.Command {
 	return cli.Command{
 		Name:    "compensator",
 		Summary: "find orders stuck in a non-terminal state; re-drive them or unwind them (cancel, release stock, refund); sweep dedupe rows",
-		Usage:   "[--once] [--dry-run] [--stuck-after D | --stuck-processing D --stuck-reserved D --stuck-paid D] [--max-attempts N] [--interval D] [--batch-size N] [--dedupe-retention D]",
+		Usage:   "[--once] [--dry-run] [--force] [--stuck-after D | --stuck-processing D --stuck-reserved D --stuck-paid D] [--max-attempts N] [--interval D] [--batch-size N] [--dedupe-retention D]",
 		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, config.EnvShutdownTimeout,
 			consumers.EnvAckWait, consumers.EnvMaxDeliver),
 		Setup: f.setup,

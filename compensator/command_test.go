@@ -74,7 +74,7 @@ func TestCommandRefusesWindowsThatDoNotFit(t *testing.T) {
 	for _, args := range [][]string{
 		{"--once", "--stuck-after", "1m"},                          // inside the consumers' redelivery horizon
 		{"--once", "--dedupe-retention", "1h"},                     // shorter than the duplicate window
-		{"--once", "--interval", "3h"},                             // longer than a deadline
+		{"--interval", "3h"},                                       // the daemon's interval longer than a deadline
 		{"--dry-run", "--stuck-reserved", "1s"},                    // one state
 		{"--once", "--max-attempts", "100", "--stuck-after", "2h"}, // open horizon past the retention
 	} {

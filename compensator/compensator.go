@@ -121,6 +121,11 @@ type Result struct {
 	Actions []Action
 	// DryRun marks a pass that wrote nothing.
 	DryRun bool
+	// BrokerUnavailable marks a pass that could not reach the broker: it
+	// re-drove and unwound nothing.
+	BrokerUnavailable bool
+	// Forced marks a pass of a compensator started with Force.
+	Forced bool
 	// Took is how long the pass ran.
 	Took time.Duration
 }
@@ -134,6 +139,12 @@ func (r Result) Summary() string {
 	prefix := "pass"
 	if r.DryRun {
 		prefix = "dry run (nothing changed)"
+	}
+	if r.Forced {
+		prefix = "forced " + prefix
+	}
+	if r.BrokerUnavailable {
+		prefix += " (broker unavailable: nothing re-driven or unwound)"
 	}
 	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d; outbox republished %d; dedupe rows swept %d; oldest open order %s; took %s",
 		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Republished, r.Swept,
@@ -218,18 +229,28 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 		res.Took = time.Since(t0)
 		return res, err
 	}
-	res := Result{}
+	res := Result{Forced: c.cfg.Force}
 	var errs []error
 	if err := c.measure(ctx, c.pool, &res); err != nil {
 		errs = append(errs, err)
 	}
-	if ctx.Err() == nil {
+	// Without the broker a re-drive cannot be acknowledged, and an order
+	// must not be unwound for the broker's sake: a pass that cannot reach
+	// it re-drives and unwinds nothing.
+	if err := c.brokerReachable(ctx); err != nil {
+		res.BrokerUnavailable = true
+		errs = append(errs, err)
+	}
+	if ctx.Err() == nil && !res.BrokerUnavailable {
 		if err := c.scan(ctx, &res); err != nil {
 			errs = append(errs, err)
 			if errors.Is(err, failpoint.ErrInjected) {
 				// A simulated crash ends the pass there.
 				res.Took = time.Since(t0)
 				return res, errors.Join(errs...)
+			}
+			if errors.Is(err, ErrBrokerUnavailable) {
+				res.BrokerUnavailable = true
 			}
 		}
 	}
@@ -238,12 +259,12 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 			errs = append(errs, err)
 		}
 	}
-	if ctx.Err() == nil {
+	if ctx.Err() == nil && !res.BrokerUnavailable {
 		if err := c.renotify(ctx, &res); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if ctx.Err() == nil {
+	if ctx.Err() == nil && !res.BrokerUnavailable {
 		if err := c.republish(ctx, &res); err != nil {
 			errs = append(errs, err)
 		}
@@ -253,8 +274,34 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 			errs = append(errs, err)
 		}
 	}
+	if res.BrokerUnavailable {
+		metrics.CompensatorBrokerUp.Set(0)
+		c.logger.Warn("compensator pass: the broker is unavailable; nothing was re-driven or unwound, and re-drive attempts are not counted until it is back")
+	} else if c.relay != nil {
+		metrics.CompensatorBrokerUp.Set(1)
+	}
 	res.Took = time.Since(t0)
 	return res, errors.Join(errs...)
+}
+
+// ErrBrokerUnavailable marks a pass that could not reach the broker (or
+// whose re-drives it did not acknowledge).
+var ErrBrokerUnavailable = errors.New("broker unavailable")
+
+// brokerReachable asks JetStream for the stream's info.
+func (c *Compensator) brokerReachable(ctx context.Context) error {
+	if c.relay == nil || c.relay.JS == nil {
+		return nil
+	}
+	if nc := c.relay.JS.Conn(); nc != nil && !nc.IsConnected() {
+		return fmt.Errorf("%w: not connected to NATS (%s)", ErrBrokerUnavailable, nc.Status())
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.relay.JS.Stream(sctx, c.relay.Topology.Stream); err != nil {
+		return fmt.Errorf("%w: stream %s: %w", ErrBrokerUnavailable, c.relay.Topology.Stream, err)
+	}
+	return nil
 }
 
 // querier is a pool or a transaction.
@@ -378,7 +425,7 @@ func (c *Compensator) scan(ctx context.Context, res *Result) error {
 			errs = append(errs, err)
 			// A batch that did not commit stops the pass rather than loop
 			// on it; so does an injected crash.
-			if n == 0 || ctx.Err() != nil || errors.Is(err, failpoint.ErrInjected) {
+			if n == 0 || ctx.Err() != nil || errors.Is(err, failpoint.ErrInjected) || errors.Is(err, ErrBrokerUnavailable) {
 				break
 			}
 		}
@@ -392,10 +439,16 @@ func (c *Compensator) scan(ctx context.Context, res *Result) error {
 
 // batch claims one batch after cursor and acts on each order in it. It
 // returns how many orders it claimed and the last one's id.
+//
+// A re-drive is written (attempt counted, event in the outbox) in the
+// batch's transaction and published after its commit; one that the broker
+// did not acknowledge is then taken back (undoRedrive), so that an attempt
+// counts only when the broker has the event.
 func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) (int, uuid.UUID, error) {
 	var (
 		claimed   []stuckOrder
 		actions   []Action
+		redrives  []redriven
 		outboxIDs []int64
 		orderErrs []error
 	)
@@ -424,18 +477,22 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 			})
 			switch {
 			case errors.Is(err, errSkip):
+				actions = append(actions, a)
 			case err != nil:
 				if ctx.Err() != nil {
 					return err
 				}
 				orderErrs = append(orderErrs, err)
 				continue
+			case a.Kind == KindRedrive:
+				redrives = append(redrives, redriven{a: a, o: o, outboxID: oid})
+				outboxIDs = append(outboxIDs, oid)
 			default:
+				actions = append(actions, a)
 				if oid != 0 {
 					outboxIDs = append(outboxIDs, oid)
 				}
 			}
-			actions = append(actions, a)
 			if err := failpoint.Inject(FailMidPass); err != nil {
 				return err
 			}
@@ -446,26 +503,118 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 		return 0, uuid.Nil, fmt.Errorf("compensator batch after %s: %w", cursor, err)
 	}
 	for _, a := range actions {
-		res.add(a)
-		metrics.CompensatorActions.WithLabelValues(a.Kind).Inc()
-		if a.Kind == KindUnwind {
-			metrics.OrdersFinished.WithLabelValues(string(order.StatusCancelled)).Inc()
-		}
-		c.logAction(a)
+		c.taken(a, res)
 	}
 	var errs []error
 	errs = append(errs, orderErrs...)
-	if err := failpoint.Inject(FailAfterBatch); err != nil {
-		errs = append(errs, err)
-	} else if err := c.relay.Publish(ctx, outboxIDs...); err != nil {
-		// The rows stay pending; the relay or the next pass publishes them.
-		c.logger.Warn("publish compensator events; they stay in the outbox", slog.Any("error", err))
-	}
 	last := uuid.Nil
 	if len(claimed) > 0 {
 		last = claimed[len(claimed)-1].ID
 	}
+	if err := failpoint.Inject(FailAfterBatch); err != nil {
+		// A simulated crash: the re-drives stay counted with their events
+		// pending in the outbox. The relay or the next pass publishes
+		// them, and no order is re-driven or unwound while an event of
+		// its own is pending.
+		for _, r := range redrives {
+			res.add(r.a)
+		}
+		return len(claimed), last, errors.Join(append(errs, err)...)
+	}
+	pubErr := c.relay.Publish(ctx, outboxIDs...)
+	if pubErr != nil {
+		// Unwinds' events stay in the outbox; the relay or the next pass
+		// publishes them.
+		c.logger.Warn("publish compensator events; they stay in the outbox", slog.Any("error", pubErr))
+	}
+	if len(redrives) > 0 {
+		lost, err := c.unacknowledged(ctx, redrives)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, r := range redrives {
+			if !lost[r.outboxID] {
+				c.taken(r.a, res)
+				continue
+			}
+			if err := c.undoRedrive(ctx, r); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if len(lost) > 0 {
+			errs = append(errs, fmt.Errorf("%w: %d re-drive(s) not acknowledged, not counted: %w", ErrBrokerUnavailable, len(lost), pubErr))
+		}
+	}
 	return len(claimed), last, errors.Join(errs...)
+}
+
+// redriven is a re-drive written in a batch's transaction, not yet known
+// to be acknowledged by the broker.
+type redriven struct {
+	a        Action
+	o        stuckOrder
+	outboxID int64
+}
+
+// taken accounts for an action that happened.
+func (c *Compensator) taken(a Action, res *Result) {
+	res.add(a)
+	metrics.CompensatorActions.WithLabelValues(a.Kind).Inc()
+	if a.Kind == KindUnwind {
+		metrics.OrdersFinished.WithLabelValues(string(order.StatusCancelled)).Inc()
+	}
+	c.logAction(a)
+}
+
+// unacknowledged returns the outbox ids of re-drives still unpublished.
+func (c *Compensator) unacknowledged(ctx context.Context, rs []redriven) (map[int64]bool, error) {
+	ids := make([]int64, len(rs))
+	for i, r := range rs {
+		ids[i] = r.outboxID
+	}
+	rows, err := c.pool.Query(ctx, `SELECT id FROM outbox WHERE id = ANY($1) AND published_at IS NULL`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read the re-drives' outbox rows: %w", err)
+	}
+	lost, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read the re-drives' outbox rows: %w", err)
+	}
+	out := make(map[int64]bool, len(lost))
+	for _, id := range lost {
+		out[id] = true
+	}
+	return out, nil
+}
+
+// undoRedrive takes back a re-drive the broker did not acknowledge: its
+// event leaves the outbox (unless a relay published it meanwhile, in which
+// case it stands), its attempt is not counted, its action is not recorded.
+func (c *Compensator) undoRedrive(ctx context.Context, r redriven) error {
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM outbox WHERE id = $1 AND published_at IS NULL`, r.outboxID)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `
+			UPDATE orders SET redrive_attempts = $3, redrive_status = $4
+			WHERE order_id = $1 AND redrive_status = $2 AND redrive_attempts = $5`,
+			r.o.ID, string(r.o.Status), r.o.Attempts, r.o.RedriveStatus, r.a.Attempt); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `
+			DELETE FROM compensator_actions WHERE id = (
+				SELECT max(id) FROM compensator_actions
+				WHERE order_id = $1 AND action = 'redrive' AND from_status = $2 AND attempt = $3)`,
+			r.o.ID, string(r.o.Status), r.a.Attempt)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("take back the unacknowledged re-drive %d of order %s: %w", r.a.Attempt, r.o.ID, err)
+	}
+	c.logger.Warn("re-drive not acknowledged by the broker; not counted", slog.String("order_id", r.o.ID.String()),
+		slog.String("request_id", r.o.RequestID), slog.String("status", string(r.o.Status)), slog.Int("attempt", r.a.Attempt))
+	return nil
 }
 
 var errSkip = errors.New("skip")
@@ -536,6 +685,9 @@ func (c *Compensator) redrive(ctx context.Context, tx pgx.Tx, o stuckOrder) (Act
 // a refund of any charge recorded as due (the provider is called after the
 // commit), the order moved to cancelled if it is still where it was read.
 func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, int64, error) {
+	if pending, err := eventPending(ctx, tx, o.ID); err != nil || pending {
+		return c.skip(o, whyPending), 0, err
+	}
 	spent := o.attempt()
 	a := Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindUnwind, From: o.Status, Attempt: spent}
 	tag, err := tx.Exec(ctx, claimCAS, o.ID, string(o.Status), o.Attempts, o.RedriveStatus, o.Attempts)
@@ -571,14 +723,28 @@ func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Acti
 	return a, moved.OutboxID, nil
 }
 
+// eventPending reports whether an event of the order still waits in the
+// outbox: the broker has not acknowledged it (it is down, or the process
+// that wrote it died). The relay publishes it; until then the order is not
+// unwound (its last re-drive may not have reached anyone).
+func eventPending(ctx context.Context, q querier, orderID uuid.UUID) (bool, error) {
+	var pending bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox WHERE order_id = $1 AND published_at IS NULL)`, orderID).Scan(&pending); err != nil {
+		return false, fmt.Errorf("read pending events of order %s: %w", orderID, err)
+	}
+	return pending, nil
+}
+
+const whyPending = "not unwound: an event of the order is not acknowledged by the broker yet; the relay publishes it first"
+
 func (c *Compensator) skip(o stuckOrder, why string) Action {
 	return Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindSkip, From: o.Status, Attempt: o.attempt(), Reason: why}
 }
 
 // record writes a to compensator_actions.
 func (c *Compensator) record(ctx context.Context, tx pgx.Tx, a Action) error {
-	_, err := tx.Exec(ctx, `INSERT INTO compensator_actions (order_id, action, from_status, attempt, reason, actor) VALUES ($1, $2, $3, $4, $5, $6)`,
-		a.OrderID, a.Kind, string(a.From), a.Attempt, a.Reason, c.cfg.Actor)
+	_, err := tx.Exec(ctx, `INSERT INTO compensator_actions (order_id, action, from_status, attempt, reason, actor, forced) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		a.OrderID, a.Kind, string(a.From), a.Attempt, a.Reason, c.cfg.Actor, c.cfg.Force)
 	if err != nil {
 		return fmt.Errorf("record %s of order %s: %w", a.Kind, a.OrderID, err)
 	}

@@ -62,6 +62,16 @@ type Config struct {
 	Actor string
 	// DryRun makes a pass read only: it reports what it would do.
 	DryRun bool
+	// Once: the compensator makes single passes (`--once`, `--dry-run`),
+	// so the rule that the daemon's interval fits the deadlines does not
+	// apply.
+	Once bool
+	// Force skips the check that the windows fit together (the deadlines
+	// against the consumers' horizon, the dedupe retention against the
+	// duplicate window). It is for an operator who knows that no consumer
+	// is still retrying; every action a forced compensator takes is
+	// recorded as forced in compensator_actions.
+	Force bool
 }
 
 // NoRedrive as MaxAttempts unwinds a stuck order without re-driving it.
@@ -147,7 +157,7 @@ func (c Config) Validate() (Config, error) {
 	for _, s := range openStatuses {
 		if d := c.StuckAfter(s); d <= 0 {
 			errs = append(errs, fmt.Errorf("stuck deadline of %s must be positive, got %s", s, d))
-		} else if d <= c.ConsumerHorizon {
+		} else if d <= c.ConsumerHorizon && !c.Force {
 			errs = append(errs, fmt.Errorf("stuck deadline of %s (%s) must be longer than the consumers' redelivery horizon (%s): the compensator would re-drive orders that the consumers are still retrying", s, d, c.ConsumerHorizon))
 		}
 	}
@@ -157,7 +167,7 @@ func (c Config) Validate() (Config, error) {
 	minStuck := min(c.StuckProcessing, c.StuckReserved, c.StuckPaid)
 	if c.Interval <= 0 {
 		errs = append(errs, fmt.Errorf("interval must be positive, got %s", c.Interval))
-	} else if minStuck > 0 && c.Interval > minStuck {
+	} else if minStuck > 0 && c.Interval > minStuck && !c.Once && !c.DryRun && !c.Force {
 		errs = append(errs, fmt.Errorf("interval (%s) must not be longer than the shortest stuck deadline (%s)", c.Interval, minStuck))
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
@@ -165,7 +175,7 @@ func (c Config) Validate() (Config, error) {
 	}
 	if c.OutboxMinAge <= 0 {
 		errs = append(errs, fmt.Errorf("outbox minimum age must be positive, got %s", c.OutboxMinAge))
-	} else if minStuck > 0 && c.OutboxMinAge >= minStuck {
+	} else if minStuck > 0 && c.OutboxMinAge >= minStuck && !c.Force {
 		errs = append(errs, fmt.Errorf("outbox minimum age (%s) must be shorter than the shortest stuck deadline (%s): a pending event is published again before its order is re-driven", c.OutboxMinAge, minStuck))
 	}
 	if c.ConsumerHorizon < 0 {
@@ -178,7 +188,7 @@ func (c Config) Validate() (Config, error) {
 	// first handled, and republished with the same id (broker dedupe
 	// forgets it after the duplicate window) while its order is open; its
 	// dedupe row must still be there then.
-	if need := max(c.DuplicateWindow, c.OpenHorizon()) + c.ConsumerHorizon; c.DedupeRetention < need {
+	if need := max(c.DuplicateWindow, c.OpenHorizon()) + c.ConsumerHorizon; c.DedupeRetention < need && !c.Force {
 		errs = append(errs, fmt.Errorf("dedupe retention (%s) must be at least %s: the longer of the duplicate window (%s) and the longest an order stays open before it is unwound (%s), plus the consumers' redelivery horizon (%s); a message redelivered or republished later would run its step again",
 			c.DedupeRetention, need, c.DuplicateWindow, c.OpenHorizon(), c.ConsumerHorizon))
 	}

@@ -103,6 +103,13 @@ var (
 		Help: "Compensator actions by kind: redrive, unwind, refund, renotify, skip.",
 	}, []string{"action"})
 
+	// CompensatorBrokerUp is 1 when the compensator's last pass reached the
+	// broker, 0 when it could not (and so re-drove and unwound nothing).
+	CompensatorBrokerUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "orderpipe_compensator_broker_up",
+		Help: "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing.",
+	})
+
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
 	WebhookDeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "orderpipe_webhook_deliveries_total",
@@ -119,7 +126,7 @@ var (
 // Collectors returns every orderpipe collector.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, OrdersFinished, StageSeconds,
-		HandlerMessages, HandlerDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions,
+		HandlerMessages, HandlerDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
 		WebhookDeliveries, OutboxPublished}
 }
 

@@ -55,8 +55,8 @@ func Enqueue(ctx context.Context, tx Execer, e orderevent.Event) (int64, error) 
 	}
 	var id int64
 	err = tx.QueryRow(ctx,
-		`INSERT INTO outbox (msg_id, event, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id`,
-		e.MsgID(), string(e.Name), payload, headers).Scan(&id)
+		`INSERT INTO outbox (msg_id, event, payload, headers, order_id) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+		e.MsgID(), string(e.Name), payload, headers, e.OrderID).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("enqueue %s event of order %s: %w", e.Name, e.OrderID, err)
 	}
