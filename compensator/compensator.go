@@ -109,9 +109,9 @@ type Result struct {
 	Stuck map[order.Status]int
 	// OldestOpen is the age of the oldest non-terminal order (0: none).
 	OldestOpen time.Duration
-	// Redriven, Unwound, Refunded and Skipped count the actions (would-be
-	// actions in a dry run).
-	Redriven, Unwound, Refunded, Skipped int
+	// Redriven, Unwound, Refunded, Skipped and Healed count the actions
+	// (would-be actions in a dry run).
+	Redriven, Unwound, Refunded, Skipped, Healed int
 	// Republished counts outbox rows published again (in a dry run: rows
 	// that are due).
 	Republished int
@@ -146,8 +146,8 @@ func (r Result) Summary() string {
 	if r.BrokerUnavailable {
 		prefix += " (broker unavailable: nothing re-driven or unwound)"
 	}
-	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d; outbox republished %d; dedupe rows swept %d; oldest open order %s; took %s",
-		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Republished, r.Swept,
+	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d, healed %d; outbox republished %d; dedupe rows swept %d; oldest open order %s; took %s",
+		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Healed, r.Republished, r.Swept,
 		r.OldestOpen.Round(time.Second), r.Took.Round(time.Millisecond))
 }
 
@@ -162,6 +162,8 @@ func (r *Result) add(a Action) {
 		r.Refunded++
 	case KindSkip:
 		r.Skipped++
+	case KindHeal:
+		r.Healed++
 	}
 }
 
@@ -254,6 +256,11 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 			}
 		}
 	}
+	if ctx.Err() == nil && !res.BrokerUnavailable && c.relay != nil && c.relay.JS != nil {
+		if err := c.heal(ctx, &res); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if ctx.Err() == nil {
 		if err := c.refunds(ctx, &res); err != nil {
 			errs = append(errs, err)
@@ -288,7 +295,7 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 // whose re-drives it did not acknowledge).
 var ErrBrokerUnavailable = errors.New("broker unavailable")
 
-// brokerReachable asks JetStream for the stream's info.
+// brokerReachable asks JetStream for the stream's state.
 func (c *Compensator) brokerReachable(ctx context.Context) error {
 	if c.relay == nil || c.relay.JS == nil {
 		return nil
@@ -296,12 +303,8 @@ func (c *Compensator) brokerReachable(ctx context.Context) error {
 	if nc := c.relay.JS.Conn(); nc != nil && !nc.IsConnected() {
 		return fmt.Errorf("%w: not connected to NATS (%s)", ErrBrokerUnavailable, nc.Status())
 	}
-	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := c.relay.JS.Stream(sctx, c.relay.Topology.Stream); err != nil {
-		return fmt.Errorf("%w: stream %s: %w", ErrBrokerUnavailable, c.relay.Topology.Stream, err)
-	}
-	return nil
+	_, err := c.viewStream(ctx)
+	return err
 }
 
 // querier is a pool or a transaction.

@@ -100,7 +100,7 @@ var (
 	// CompensatorActions counts what the compensator did.
 	CompensatorActions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "orderpipe_compensator_actions_total",
-		Help: "Compensator actions by kind: redrive, unwind, refund, renotify, skip.",
+		Help: "Compensator actions by kind: redrive, unwind, refund, renotify, heal, skip.",
 	}, []string{"action"})
 
 	// CompensatorBrokerUp is 1 when the compensator's last pass reached the

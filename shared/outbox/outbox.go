@@ -170,19 +170,20 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		var done []int64
+		var done, seqs []int64
 		for _, x := range batch {
-			if err := r.publish(ctx, x); err != nil {
+			seq, err := r.publish(ctx, x)
+			if err != nil {
 				pubErr = err
 				break
 			}
-			done = append(done, x.id)
+			done, seqs = append(done, x.id), append(seqs, int64(seq))
 		}
 		if len(done) > 0 {
 			if err := failpoint.Inject(FailAfterPublish); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id = ANY($1)`, done); err != nil {
+			if _, err := tx.Exec(ctx, stampSQL, done, seqs); err != nil {
 				return fmt.Errorf("stamp published outbox rows: %w", err)
 			}
 		}
@@ -196,7 +197,15 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 	return published, pubErr
 }
 
-func (r *Relay) publish(ctx context.Context, x row) error {
+// stampSQL marks rows ($1) published with the stream sequence ($2) of
+// their publish ack, which lets the compensator tell later whether the
+// broker still holds the event.
+const stampSQL = `
+	UPDATE outbox o SET published_at = now(), stream_seq = v.seq
+	FROM unnest($1::bigint[], $2::bigint[]) AS v(id, seq) WHERE o.id = v.id`
+
+// publish publishes one row and returns its stream sequence.
+func (r *Relay) publish(ctx context.Context, x row) (uint64, error) {
 	msg := &nats.Msg{Subject: r.Topology.Subject(orderevent.Name(x.event)), Data: x.payload, Header: nats.Header{}}
 	for k, v := range x.headers {
 		msg.Header.Set(k, v)
@@ -204,10 +213,11 @@ func (r *Relay) publish(ctx context.Context, x row) error {
 	msg.Header.Set(orderevent.HeaderMsgID, x.msgID)
 	pctx, cancel := context.WithTimeout(ctx, r.PublishTimeout)
 	defer cancel()
-	if _, err := r.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(x.msgID)); err != nil {
-		return fmt.Errorf("publish %s (%s): %w", x.msgID, msg.Subject, err)
+	ack, err := r.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(x.msgID))
+	if err != nil {
+		return 0, fmt.Errorf("publish %s (%s): %w", x.msgID, msg.Subject, err)
 	}
-	return nil
+	return ack.Sequence, nil
 }
 
 // Pending returns how many rows wait to be published.

@@ -1,0 +1,181 @@
+package compensator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"orderpipe/shared/order"
+)
+
+// KindHeal is the action of publishing again an open order's last event
+// that the broker no longer holds.
+const KindHeal = "heal"
+
+// lostEvent is an open order whose last published event the broker lost.
+type lostEvent struct {
+	OrderID   uuid.UUID
+	ClientID  uuid.UUID
+	RequestID string
+	Status    order.Status
+	OutboxID  int64
+	MsgID     string
+	Seq       int64
+	Why       string
+}
+
+// streamView is what the pass read of the stream: the event sequences it
+// holds and when it was created.
+type streamView struct {
+	first, last uint64
+	created     time.Time
+	deleted     uint64
+	stream      jetstream.Stream
+}
+
+func (c *Compensator) viewStream(ctx context.Context) (streamView, error) {
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := c.relay.JS.Stream(sctx, c.relay.Topology.Stream)
+	if err != nil {
+		return streamView{}, fmt.Errorf("%w: stream %s: %w", ErrBrokerUnavailable, c.relay.Topology.Stream, err)
+	}
+	info, err := s.Info(sctx)
+	if err != nil {
+		return streamView{}, fmt.Errorf("%w: stream %s: %w", ErrBrokerUnavailable, c.relay.Topology.Stream, err)
+	}
+	return streamView{first: info.State.FirstSeq, last: info.State.LastSeq, created: info.Created, deleted: uint64(info.State.NumDeleted), stream: s}, nil
+}
+
+// heal finds open orders whose last event the broker no longer holds — the
+// stream was created after the event was published (deleted and made
+// anew, or a broker that lost its store), or the event's sequence is
+// outside what the stream holds or was deleted from it — and publishes that
+// event again, at once, without waiting for the stuck deadline.
+//
+// The copy carries the same payload, hence the same dedupe id at the
+// consumers (a step that did run ignores it), under a Nats-Msg-Id of its
+// own ("<msg id>:heal<n>") so that the duplicate window does not drop it.
+// It is not a re-drive attempt: an order is never unwound because the
+// broker lost its events.
+func (c *Compensator) heal(ctx context.Context, res *Result) error {
+	// Read after the pass's own publishes, so that they are in the view.
+	view, err := c.viewStream(ctx)
+	if err != nil {
+		return err
+	}
+	var actions []Action
+	var outboxIDs []int64
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		lost, err := c.selectLost(ctx, tx, view)
+		if err != nil {
+			return err
+		}
+		for _, l := range lost {
+			newID := healMsgID(l.MsgID, l.OutboxID)
+			var oid int64
+			if err := tx.QueryRow(ctx, `
+				INSERT INTO outbox (msg_id, event, payload, headers, order_id)
+				SELECT $2, event, payload, headers, order_id FROM outbox WHERE id = $1
+				RETURNING id`, l.OutboxID, newID).Scan(&oid); err != nil {
+				return fmt.Errorf("publish again the lost event %s of order %s: %w", l.MsgID, l.OrderID, err)
+			}
+			a := Action{OrderID: l.OrderID, ClientID: l.ClientID, RequestID: l.RequestID, Kind: KindHeal, From: l.Status,
+				Reason: fmt.Sprintf("the broker no longer holds %s (stream sequence %d: %s); published again as %s", l.MsgID, l.Seq, l.Why, newID)}
+			if err := c.record(ctx, tx, a); err != nil {
+				return err
+			}
+			actions, outboxIDs = append(actions, a), append(outboxIDs, oid)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("heal events the broker lost: %w", err)
+	}
+	for _, a := range actions {
+		c.taken(a, res)
+	}
+	if err := c.relay.Publish(ctx, outboxIDs...); err != nil {
+		c.logger.Warn("publish healed events; they stay in the outbox", slog.Any("error", err))
+	}
+	return nil
+}
+
+// healMsgID is the Nats-Msg-Id of the copy of a lost event (the row
+// outboxID, message id msgID).
+func healMsgID(msgID string, outboxID int64) string {
+	if i := strings.Index(msgID, ":heal"); i >= 0 {
+		msgID = msgID[:i]
+	}
+	return fmt.Sprintf("%s:heal%d", msgID, outboxID)
+}
+
+// selectLost claims (SKIP LOCKED) up to a batch of open orders, idle for
+// longer than the outbox minimum age, whose last published event the
+// stream does not hold.
+func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView) ([]lostEvent, error) {
+	rows, err := tx.Query(ctx, `
+		SELECT o.order_id, o.client_id, o.request_id, o.status, x.id, x.msg_id, x.stream_seq,
+		       x.published_at < $2 AS before_stream
+		FROM orders o
+		JOIN LATERAL (SELECT id, msg_id, stream_seq, published_at FROM outbox
+		              WHERE order_id = o.order_id ORDER BY id DESC LIMIT 1) x ON true
+		WHERE o.status IN ('processing', 'reserved', 'paid')
+		  AND greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)) < now() - make_interval(secs => $1::float8)
+		  AND x.published_at IS NOT NULL AND x.stream_seq IS NOT NULL
+		  AND (x.published_at < $2 OR x.stream_seq < $3 OR x.stream_seq > $4 OR $5)
+		ORDER BY o.order_id
+		LIMIT $6
+		FOR UPDATE OF o SKIP LOCKED`,
+		c.cfg.OutboxMinAge.Seconds(), view.created, int64(view.first), int64(view.last), view.deleted > 0, c.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
+	}
+	type cand struct {
+		lostEvent
+		beforeStream bool
+	}
+	cands, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (cand, error) {
+		var x cand
+		var status string
+		err := r.Scan(&x.OrderID, &x.ClientID, &x.RequestID, &status, &x.OutboxID, &x.MsgID, &x.Seq, &x.beforeStream)
+		x.Status = order.Status(status)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
+	}
+	var out []lostEvent
+	for _, x := range cands {
+		switch {
+		case x.beforeStream:
+			x.Why = "the stream was created after it was published, at " + view.created.UTC().Format(time.RFC3339)
+		case uint64(x.Seq) < view.first || uint64(x.Seq) > view.last:
+			x.Why = fmt.Sprintf("the stream holds %d to %d", view.first, view.last)
+		default:
+			// Inside the range of a stream with deleted messages: ask.
+			gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			m, err := view.stream.GetMsg(gctx, uint64(x.Seq))
+			cancel()
+			switch {
+			case errors.Is(err, jetstream.ErrMsgNotFound):
+				x.Why = "deleted from the stream"
+			case err != nil:
+				return nil, fmt.Errorf("%w: read stream sequence %d: %w", ErrBrokerUnavailable, x.Seq, err)
+			case m.Header.Get("Nats-Msg-Id") != x.MsgID:
+				x.Why = "another message holds that sequence now"
+			default:
+				continue // still there
+			}
+		}
+		out = append(out, x.lostEvent)
+	}
+	return out, nil
+}

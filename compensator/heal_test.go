@@ -1,0 +1,104 @@
+package compensator_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"orderpipe/shared/natsjs"
+	"orderpipe/shared/order"
+	"orderpipe/shared/testenv"
+)
+
+// healed waits until the stream holds a healed copy of each order's event.
+func (w *world) healed(ids ...uuid.UUID) {
+	w.t.Helper()
+	testenv.WaitFor(w.t, 10*time.Second, "the healed events in the stream", func() bool {
+		for _, id := range ids {
+			if !slices.ContainsFunc(w.msgIDs(id), func(m string) bool { return strings.Contains(m, ":heal") }) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestHealAStreamCreatedAfterTheEvents: the ORDERS stream is deleted and
+// made anew (a broker that lost its store looks the same). Open orders
+// whose last event was published into the old stream are published again
+// on the next pass — long before their stuck deadline — and not counted
+// as re-drives; orders that move on are left alone.
+func TestHealAStreamCreatedAfterTheEvents(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ids := []uuid.UUID{
+		w.newOrder(spec{status: order.StatusProcessing}),
+		w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}}),
+		w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"}),
+	}
+	done := w.newOrder(spec{status: order.StatusCancelled, lines: map[string]int{"SKU-2": 1}})
+	c := w.comp(w.cfg(3), w.psp) // one-minute deadlines: nothing here is stuck
+	if res := w.pass(c); res.Healed != 0 {
+		t.Fatalf("healed with the stream intact: %+v", res.Actions)
+	}
+	if err := w.nats.JS.DeleteStream(t.Context(), w.nats.Topology.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsjs.EnsureStream(t.Context(), w.nats.JS, w.nats.Topology, 1); err != nil {
+		t.Fatal(err)
+	}
+	res := w.pass(c)
+	if res.Healed != len(ids) || res.Redriven != 0 || res.Unwound != 0 {
+		t.Fatalf("after the stream was re-created: %s\n%+v", res.Summary(), res.Actions)
+	}
+	w.healed(ids...)
+	if n := w.int(`SELECT coalesce(sum(redrive_attempts), 0) FROM orders`); n != 0 {
+		t.Fatalf("%d re-drive attempts counted for healed events", n)
+	}
+	if msgs := w.msgIDs(done); len(msgs) != 0 {
+		t.Fatalf("a terminal order's event was published again: %v", msgs)
+	}
+	if res := w.pass(c); res.Healed != 0 {
+		t.Fatalf("healed again though the copies are in the stream: %+v", res.Actions)
+	}
+	if n := w.int(`SELECT count(*) FROM compensator_actions WHERE action = 'heal'`); n != len(ids) {
+		t.Fatalf("%d heal actions recorded, want %d", n, len(ids))
+	}
+}
+
+// TestHealEventsGoneFromTheStream: the stream is purged (the sequences fall
+// below its first one), and one message is deleted from the middle of a
+// stream that keeps the others: each order whose last event is gone is
+// healed; the one whose event is still there is not.
+func TestHealEventsGoneFromTheStream(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	purged := w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})
+	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	deleted := w.newOrder(spec{status: order.StatusProcessing})
+	kept := w.newOrder(spec{status: order.StatusProcessing})
+	seq := w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, deleted)
+	if err := s.DeleteMsg(t.Context(), uint64(seq)); err != nil {
+		t.Fatal(err)
+	}
+	res := w.pass(w.comp(w.cfg(3), w.psp))
+	var healed []uuid.UUID
+	for _, a := range res.Actions {
+		if a.Kind == "heal" {
+			healed = append(healed, a.OrderID)
+		}
+	}
+	if len(healed) != 2 || !slices.Contains(healed, purged) || !slices.Contains(healed, deleted) {
+		t.Fatalf("healed %v, want the purged %s and the deleted %s (not %s)\n%+v", healed, purged, deleted, kept, res.Actions)
+	}
+	w.healed(purged, deleted)
+}
