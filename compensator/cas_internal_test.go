@@ -68,9 +68,9 @@ func TestConsumerWinsBetweenReadAndWrite(t *testing.T) {
 			var oid int64
 			var err error
 			if i == 0 {
-				a, oid, err = c.redrive(ctx, tx, o)
+				a, oid, err = c.redrive(ctx, tx, o, Action{OrderID: o.ID, From: o.Status, Kind: KindRedrive, Attempt: o.attempt() + 1})
 			} else {
-				a, oid, err = c.unwind(ctx, tx, o)
+				a, oid, err = c.unwind(ctx, tx, o, Action{OrderID: o.ID, From: o.Status, Kind: KindUnwind, Attempt: o.attempt()})
 			}
 			if err != nil {
 				return err

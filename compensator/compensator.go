@@ -26,10 +26,16 @@
 // moves an order backwards, and never forward except to cancelled through
 // the same conditional orderstore.Transition the consumers use.
 //
-// Each pass also publishes outbox rows left pending (a process died between
-// its commit and its publish) and deletes processed_messages rows older
-// than the dedupe retention. A dry run does all of its reading in a READ
-// ONLY transaction and writes nothing anywhere.
+// A pass is a list of named phases (phases). For each stuck order one
+// function, plan, decides what to do; the pass applies the decision and a
+// dry run reports it, so the two cannot drift apart. A re-drive counts as an
+// attempt only once the broker acknowledged it, and a pass that cannot reach
+// the broker re-drives and unwinds nothing: a broker outage costs time,
+// never orders. Open orders whose last event the broker lost are healed at
+// once. Each pass also publishes outbox rows left pending (a process died
+// between its commit and its publish) and deletes processed_messages rows
+// older than the dedupe retention. A dry run does all of its reading in a
+// READ ONLY transaction and writes nothing anywhere.
 package compensator
 
 import (
@@ -65,13 +71,16 @@ const (
 	FailAfterBatch = "compensator.after-batch"
 )
 
-// Action kinds (compensator_actions.action, and the label of
-// metrics.CompensatorActions).
+// Kind is the kind of an action (compensator_actions.action, and the label
+// of metrics.CompensatorActions).
+type Kind string
+
+// The kinds of action.
 const (
-	KindRedrive = "redrive"
-	KindUnwind  = "unwind"
-	KindRefund  = "refund"
-	KindSkip    = "skip"
+	KindRedrive Kind = "redrive"
+	KindUnwind  Kind = "unwind"
+	KindRefund  Kind = "refund"
+	KindSkip    Kind = "skip"
 )
 
 // Action is one thing the compensator did (or, in a dry run, would do) to
@@ -81,8 +90,8 @@ type Action struct {
 	// ClientID and RequestID name the order in the log.
 	ClientID  uuid.UUID
 	RequestID string
-	// Kind is KindRedrive, KindUnwind, KindRefund or KindSkip.
-	Kind string
+	// Kind says what was done.
+	Kind Kind
 	// From is the order's status when the compensator acted.
 	From order.Status
 	// Attempt is the re-drive number (for an unwind, the re-drives spent).
@@ -95,7 +104,7 @@ type Action struct {
 
 // String is the one line that `compensator --once` prints per action.
 func (a Action) String() string {
-	kind := a.Kind
+	kind := string(a.Kind)
 	if a.DryRun {
 		kind = "would-" + kind
 	}
@@ -219,11 +228,9 @@ func (c *Compensator) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce makes one pass: measure, re-drive or unwind the stuck orders,
-// refund what unwinds left due, re-publish the final event of terminal
-// orders whose webhook was never created, publish stale outbox rows, sweep
-// expired dedupe rows. A step that fails does not stop the others; the errors are
-// returned together.
+// RunOnce makes one pass: its phases (phases) in order. A phase that fails
+// does not stop the others; the errors are returned together. A pass that
+// cannot reach the broker skips the phases that need it.
 func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 	t0 := time.Now()
 	if c.cfg.DryRun {
@@ -233,52 +240,23 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 	}
 	res := Result{Forced: c.cfg.Force}
 	var errs []error
-	if err := c.measure(ctx, c.pool, &res); err != nil {
+	for _, ph := range c.phases() {
+		if ctx.Err() != nil {
+			break
+		}
+		if ph.needsBroker && res.BrokerUnavailable {
+			continue
+		}
+		err := ph.run(ctx, &res)
+		if err == nil {
+			continue
+		}
 		errs = append(errs, err)
-	}
-	// Without the broker a re-drive cannot be acknowledged, and an order
-	// must not be unwound for the broker's sake: a pass that cannot reach
-	// it re-drives and unwinds nothing.
-	if err := c.brokerReachable(ctx); err != nil {
-		res.BrokerUnavailable = true
-		errs = append(errs, err)
-	}
-	if ctx.Err() == nil && !res.BrokerUnavailable {
-		if err := c.scan(ctx, &res); err != nil {
-			errs = append(errs, err)
-			if errors.Is(err, failpoint.ErrInjected) {
-				// A simulated crash ends the pass there.
-				res.Took = time.Since(t0)
-				return res, errors.Join(errs...)
-			}
-			if errors.Is(err, ErrBrokerUnavailable) {
-				res.BrokerUnavailable = true
-			}
+		if errors.Is(err, ErrBrokerUnavailable) {
+			res.BrokerUnavailable = true
 		}
-	}
-	if ctx.Err() == nil && !res.BrokerUnavailable && c.relay != nil && c.relay.JS != nil {
-		if err := c.heal(ctx, &res); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if ctx.Err() == nil {
-		if err := c.refunds(ctx, &res); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if ctx.Err() == nil && !res.BrokerUnavailable {
-		if err := c.renotify(ctx, &res); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if ctx.Err() == nil && !res.BrokerUnavailable {
-		if err := c.republish(ctx, &res); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if ctx.Err() == nil {
-		if err := c.sweep(ctx, &res); err != nil {
-			errs = append(errs, err)
+		if errors.Is(err, failpoint.ErrInjected) {
+			break // a simulated crash ends the pass there
 		}
 	}
 	if res.BrokerUnavailable {
@@ -468,10 +446,14 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 			var oid int64
 			err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 				var err error
-				if o.attempt() < c.cfg.Attempts() {
-					a, oid, err = c.redrive(ctx, sp, o)
-				} else {
-					a, oid, err = c.unwind(ctx, sp, o)
+				if a, err = c.plan(ctx, sp, o, false); err != nil {
+					return err
+				}
+				switch a.Kind {
+				case KindRedrive:
+					a, oid, err = c.redrive(ctx, sp, o, a)
+				case KindUnwind:
+					a, oid, err = c.unwind(ctx, sp, o, a)
 				}
 				if err == nil && a.Kind == KindSkip {
 					return errSkip
@@ -562,7 +544,7 @@ type redriven struct {
 // taken accounts for an action that happened.
 func (c *Compensator) taken(a Action, res *Result) {
 	res.add(a)
-	metrics.CompensatorActions.WithLabelValues(a.Kind).Inc()
+	metrics.CompensatorActions.WithLabelValues(string(a.Kind)).Inc()
 	if a.Kind == KindUnwind {
 		metrics.OrdersFinished.WithLabelValues(string(order.StatusCancelled)).Inc()
 	}
@@ -628,9 +610,9 @@ func (c *Compensator) logAction(a Action) {
 	if c.OnAction != nil {
 		c.OnAction(a)
 	}
-	ctx, span := tracing.Tracer().Start(context.Background(), "compensator "+a.Kind)
+	ctx, span := tracing.Tracer().Start(context.Background(), "compensator "+string(a.Kind))
 	defer span.End()
-	c.logger.InfoContext(ctx, "compensator action", slog.String("action", a.Kind), slog.String("order_id", a.OrderID.String()),
+	c.logger.InfoContext(ctx, "compensator action", slog.String("action", string(a.Kind)), slog.String("order_id", a.OrderID.String()),
 		slog.String("request_id", a.RequestID), slog.String("client_id", a.ClientID.String()),
 		slog.String("from_status", string(a.From)), slog.Int("attempt", a.Attempt), slog.String("reason", a.Reason),
 		slog.Bool("dry_run", a.DryRun))
@@ -642,13 +624,10 @@ const claimCAS = `
 	UPDATE orders SET redrive_attempts = $5, redrive_status = $2, redriven_at = now()
 	WHERE order_id = $1 AND status = $2 AND redrive_attempts = $3 AND redrive_status IS NOT DISTINCT FROM $4`
 
-// redrive re-publishes the event of o's current status with the next
-// re-drive number, in tx.
-func (c *Compensator) redrive(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, int64, error) {
-	attempt := o.attempt() + 1
-	a := Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindRedrive, From: o.Status, Attempt: attempt,
-		Reason: fmt.Sprintf("no progress in %s for %s (deadline %s); re-drive %d of %d",
-			o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), attempt, c.cfg.Attempts())}
+// redrive applies the planned re-drive a: it re-publishes the event of o's
+// current status with the next re-drive number, in tx.
+func (c *Compensator) redrive(ctx context.Context, tx pgx.Tx, o stuckOrder, a Action) (Action, int64, error) {
+	attempt := a.Attempt
 	tag, err := tx.Exec(ctx, claimCAS, o.ID, string(o.Status), o.Attempts, o.RedriveStatus, attempt)
 	if err != nil {
 		return a, 0, fmt.Errorf("re-drive order %s: %w", o.ID, err)
@@ -684,15 +663,12 @@ func (c *Compensator) redrive(ctx context.Context, tx pgx.Tx, o stuckOrder) (Act
 	return a, oid, nil
 }
 
-// unwind undoes what was done for o and cancels it, in tx: stock released,
-// a refund of any charge recorded as due (the provider is called after the
-// commit), the order moved to cancelled if it is still where it was read.
-func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, int64, error) {
-	if pending, err := eventPending(ctx, tx, o.ID); err != nil || pending {
-		return c.skip(o, whyPending), 0, err
-	}
-	spent := o.attempt()
-	a := Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindUnwind, From: o.Status, Attempt: spent}
+// unwind applies the planned unwind a: it undoes what was done for o and
+// cancels it, in tx: stock released, a refund of any charge recorded as due
+// (the provider is called after the commit), the order moved to cancelled
+// if it is still where it was read.
+func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder, a Action) (Action, int64, error) {
+	spent := a.Attempt
 	tag, err := tx.Exec(ctx, claimCAS, o.ID, string(o.Status), o.Attempts, o.RedriveStatus, o.Attempts)
 	if err != nil {
 		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
@@ -700,12 +676,10 @@ func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Acti
 	if tag.RowsAffected() == 0 {
 		return c.skip(o, "the order changed since it was read"), 0, nil
 	}
-	released, err := inventory.Release(ctx, tx, o.ID)
-	if err != nil {
+	if _, err := inventory.Release(ctx, tx, o.ID); err != nil {
 		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
 	}
-	refund, err := markRefundDue(ctx, tx, o.ID)
-	if err != nil {
+	if err := markRefundDue(ctx, tx, o.ID); err != nil {
 		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
 	}
 	public := fmt.Sprintf("not completed in time: no progress in %s after %d re-drives", o.Status, spent)
@@ -718,8 +692,6 @@ func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder) (Acti
 		// does, the consumer won and we do nothing.
 		return c.skip(o, fmt.Sprintf("the order is %s now", moved.Current)), 0, nil
 	}
-	a.Reason = fmt.Sprintf("no progress in %s for %s (deadline %s) after %d re-drives; released %d reservation(s); %s",
-		o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), spent, released, refund)
 	if err := c.record(ctx, tx, a); err != nil {
 		return a, 0, err
 	}
@@ -756,7 +728,7 @@ func (c *Compensator) record(ctx context.Context, tx pgx.Tx, a Action) error {
 
 // republish publishes outbox rows pending for longer than OutboxMinAge.
 func (c *Compensator) republish(ctx context.Context, res *Result) error {
-	for range 100 { // bounded: at most 100 relay batches per pass
+	for range c.cfg.RepublishRounds { // bounded per pass
 		n, err := c.relay.PublishPending(ctx, c.cfg.OutboxMinAge)
 		res.Republished += n
 		if err != nil {
@@ -777,12 +749,12 @@ func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 			DELETE FROM processed_messages WHERE ctid = ANY (ARRAY(
 				SELECT ctid FROM processed_messages
 				WHERE processed_at < now() - make_interval(secs => $1::float8)
-				LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.DedupeRetention.Seconds(), 5000)
+				LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.DedupeRetention.Seconds(), c.cfg.SweepBatchSize)
 		if err != nil {
 			return fmt.Errorf("sweep expired dedupe rows: %w", err)
 		}
 		res.Swept += tag.RowsAffected()
-		if tag.RowsAffected() < 5000 {
+		if tag.RowsAffected() < int64(c.cfg.SweepBatchSize) {
 			return nil
 		}
 	}

@@ -25,6 +25,8 @@ const (
 	DefaultBatchSize       = 100
 	DefaultDedupeRetention = 72 * time.Hour
 	DefaultOutboxMinAge    = 30 * time.Second
+	DefaultSweepBatchSize  = 5000
+	DefaultRepublishRounds = 100
 	// DefaultConsumerHorizon is used when the caller does not say how long
 	// the consumers may keep redelivering one message; it is
 	// the RetryHorizon of the consumers' defaults, rounded up.
@@ -48,6 +50,11 @@ type Config struct {
 	Interval time.Duration
 	// BatchSize is how many stuck orders one transaction claims.
 	BatchSize int
+	// SweepBatchSize is how many expired dedupe rows one DELETE removes.
+	SweepBatchSize int
+	// RepublishRounds bounds the relay batches of stale outbox rows one
+	// pass publishes.
+	RepublishRounds int
 	// DedupeRetention is how long processed_messages rows are kept.
 	DedupeRetention time.Duration
 	// OutboxMinAge: outbox rows pending for longer are published again by
@@ -97,6 +104,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
+	}
+	if c.SweepBatchSize == 0 {
+		c.SweepBatchSize = DefaultSweepBatchSize
+	}
+	if c.RepublishRounds == 0 {
+		c.RepublishRounds = DefaultRepublishRounds
 	}
 	if c.Actor == "" {
 		c.Actor = DefaultActor()
@@ -172,6 +185,9 @@ func (c Config) Validate() (Config, error) {
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		errs = append(errs, fmt.Errorf("batch size must be between 1 and 10000, got %d", c.BatchSize))
+	}
+	if c.SweepBatchSize < 1 || c.RepublishRounds < 1 {
+		errs = append(errs, fmt.Errorf("sweep batch size and republish rounds must be positive, got %d and %d", c.SweepBatchSize, c.RepublishRounds))
 	}
 	if c.OutboxMinAge <= 0 {
 		errs = append(errs, fmt.Errorf("outbox minimum age must be positive, got %s", c.OutboxMinAge))

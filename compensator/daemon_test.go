@@ -40,7 +40,7 @@ func TestPassUpdatesMetrics(t *testing.T) {
 	w.newOrder(spec{status: order.StatusPaid})
 	w.exec(`UPDATE orders SET created_at = now() - interval '1 hour'`)
 	w.age(a, b)
-	redrives := value(t, metrics.CompensatorActions.WithLabelValues(compensator.KindRedrive))
+	redrives := value(t, metrics.CompensatorActions.WithLabelValues(string(compensator.KindRedrive)))
 	w.pass(w.comp(w.cfg(3), w.psp))
 	if got := value(t, metrics.StuckOrders.WithLabelValues("reserved")); got != 2 {
 		t.Errorf("stuck reserved %v", got)
@@ -48,7 +48,7 @@ func TestPassUpdatesMetrics(t *testing.T) {
 	if got := value(t, metrics.StuckOrders.WithLabelValues("paid")); got != 0 {
 		t.Errorf("stuck paid %v", got)
 	}
-	if got := value(t, metrics.CompensatorActions.WithLabelValues(compensator.KindRedrive)) - redrives; got != 2 {
+	if got := value(t, metrics.CompensatorActions.WithLabelValues(string(compensator.KindRedrive))) - redrives; got != 2 {
 		t.Errorf("redrive actions +%v", got)
 	}
 	if got := value(t, metrics.OldestOpenOrderAge); got < 3500 || got > 3700 {

@@ -2,9 +2,7 @@ package compensator
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -32,7 +30,7 @@ func (c *Compensator) dryRun(ctx context.Context) (Result, error) {
 			return res, err
 		}
 		for _, o := range batch {
-			a, err := c.wouldAct(ctx, tx, o)
+			a, err := c.plan(ctx, tx, o, true)
 			if err != nil {
 				return res, err
 			}
@@ -73,36 +71,6 @@ func (c *Compensator) dryRun(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("count expired dedupe rows: %w", err)
 	}
 	return res, nil
-}
-
-// wouldAct says what a pass would do to o, reading what an unwind would
-// undo.
-func (c *Compensator) wouldAct(ctx context.Context, tx pgx.Tx, o stuckOrder) (Action, error) {
-	if o.attempt() < c.cfg.Attempts() {
-		attempt := o.attempt() + 1
-		return Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindRedrive, From: o.Status, Attempt: attempt, DryRun: true,
-			Reason: fmt.Sprintf("no progress in %s for %s (deadline %s); re-drive %d of %d",
-				o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), attempt, c.cfg.Attempts())}, nil
-	}
-	var held int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM reservations WHERE order_id = $1 AND released_at IS NULL`, o.ID).Scan(&held); err != nil {
-		return Action{}, fmt.Errorf("read reservations of order %s: %w", o.ID, err)
-	}
-	refund := "no charge to refund"
-	var status string
-	var chargeID *string
-	err := tx.QueryRow(ctx, `SELECT status, charge_id FROM payments WHERE order_id = $1 AND status IN ('pending', 'succeeded')`, o.ID).Scan(&status, &chargeID)
-	switch {
-	case err == nil && status == "pending":
-		refund = "charge outcome unknown: would void the key with the provider, refund if it had charged"
-	case err == nil:
-		refund = fmt.Sprintf("would refund charge %s", deref(chargeID))
-	case !errors.Is(err, pgx.ErrNoRows):
-		return Action{}, fmt.Errorf("read payment of order %s: %w", o.ID, err)
-	}
-	return Action{OrderID: o.ID, ClientID: o.ClientID, RequestID: o.RequestID, Kind: KindUnwind, From: o.Status, Attempt: o.attempt(), DryRun: true,
-		Reason: fmt.Sprintf("no progress in %s for %s (deadline %s) after %d re-drives; would release %d reservation(s); %s",
-			o.Status, o.Age.Round(time.Second), c.cfg.StuckAfter(o.Status), o.attempt(), held, refund)}, nil
 }
 
 // deref returns *s, or "" for nil.

@@ -17,7 +17,7 @@ import (
 
 // KindHeal is the action of publishing again an open order's last event
 // that the broker no longer holds.
-const KindHeal = "heal"
+const KindHeal Kind = "heal"
 
 // lostEvent is an open order whose last published event the broker lost.
 type lostEvent struct {
@@ -66,6 +66,9 @@ func (c *Compensator) viewStream(ctx context.Context) (streamView, error) {
 // It is not a re-drive attempt: an order is never unwound because the
 // broker lost its events.
 func (c *Compensator) heal(ctx context.Context, res *Result) error {
+	if c.relay == nil || c.relay.JS == nil {
+		return nil
+	}
 	// Read after the pass's own publishes, so that they are in the view.
 	view, err := c.viewStream(ctx)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
@@ -23,7 +22,7 @@ import (
 // client was not told. The event goes out again with a fresh message id;
 // the notifier creates the one delivery (its webhook-id is (order, seq), so
 // a second copy changes nothing).
-const KindRenotify = "renotify"
+const KindRenotify Kind = "renotify"
 
 // lostNotice is a terminal order whose last change has no delivery.
 type lostNotice struct {
@@ -116,9 +115,7 @@ func (c *Compensator) renotify(ctx context.Context, res *Result) error {
 		return fmt.Errorf("re-notify terminal orders: %w", err)
 	}
 	for _, a := range actions {
-		res.add(a)
-		metrics.CompensatorActions.WithLabelValues(a.Kind).Inc()
-		c.logAction(a)
+		c.taken(a, res)
 	}
 	if err := c.relay.Publish(ctx, outboxIDs...); err != nil {
 		c.logger.Warn("publish re-notified events; they stay in the outbox", slog.Any("error", err))

@@ -11,29 +11,21 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tracing"
 )
 
-// markRefundDue records, in the unwind's transaction, that the order's
-// charge (if one succeeded, or may have: a pending payment) must be given
-// back, with the refund's Idempotency-Key. The provider is called after the
-// commit (refunds). It returns a description for the action.
-func markRefundDue(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (string, error) {
-	p, err := payments.MarkRefundDue(ctx, tx, orderID)
-	switch {
-	case errors.Is(err, payments.ErrNoPayment):
-		return "no charge to refund", nil
-	case err != nil:
-		return "", err
-	case p.Status == payments.Pending:
-		return "charge outcome unknown: void the key with the provider, refund if it had charged", nil
-	default:
-		return fmt.Sprintf("refund of charge %s due", p.ChargeID), nil
+// markRefundDue records, in the unwind's transaction, that what the
+// order's payment holds (a succeeded charge, or a pending one that may
+// have charged) must be given back; the provider is called after the
+// commit (refunds).
+func markRefundDue(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) error {
+	if _, err := payments.MarkRefundDue(ctx, tx, orderID); err != nil && !errors.Is(err, payments.ErrNoPayment) {
+		return err
 	}
+	return nil
 }
 
 // refundDue is a payment of a cancelled order that may hold money.
@@ -174,9 +166,7 @@ func (c *Compensator) refundOne(ctx context.Context, r refundDue, res *Result) e
 		return fmt.Errorf("record refund %s of order %s: %w", done.RefundID, r.OrderID, err)
 	}
 	if recorded {
-		res.add(a)
-		metrics.CompensatorActions.WithLabelValues(KindRefund).Inc()
-		c.logAction(a)
+		c.taken(a, res)
 	}
 	return nil
 }
