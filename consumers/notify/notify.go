@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/webhook"
@@ -48,10 +49,13 @@ type StatusChange struct {
 var ErrNoHistory = errors.New("status event without its history row")
 
 // Apply stores the webhook delivery of ev in tx, when the order has a
-// callback_url, and reports whether a new delivery row was written. The
-// caller's transaction also holds the dedupe row. A missing order wraps
-// orderstore.ErrNotFound; a missing history row wraps ErrNoHistory (both
-// permanent).
+// callback_url, and reports whether a new delivery row was written. It also
+// stores the delivery of every earlier change of the order that has none:
+// the broker lost that change's event (a stream deleted, a store lost)
+// after the order moved on, and the client must still hear of every
+// status. The caller's transaction also holds the dedupe row. A missing
+// order wraps orderstore.ErrNotFound; a missing history row wraps
+// ErrNoHistory (both permanent).
 func Apply(ctx context.Context, tx pgx.Tx, ev orderevent.Event) (bool, error) {
 	o, err := orderstore.Get(ctx, tx, ev.ClientID, ev.OrderID)
 	if err != nil {
@@ -64,16 +68,49 @@ func Apply(ctx context.Context, tx pgx.Tx, ev orderevent.Event) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	missed, err := missedChanges(ctx, tx, o, ch.Seq)
+	if err != nil {
+		return false, err
+	}
+	for _, m := range missed {
+		if _, err := enqueue(ctx, tx, o, m); err != nil {
+			return false, err
+		}
+	}
+	return enqueue(ctx, tx, o, ch)
+}
+
+func enqueue(ctx context.Context, tx pgx.Tx, o orderstore.Order, ch StatusChange) (bool, error) {
 	data, err := json.Marshal(ch)
 	if err != nil {
-		return false, fmt.Errorf("encode webhook of order %s: %w", ev.OrderID, err)
+		return false, fmt.Errorf("encode webhook of order %s: %w", o.ID, err)
 	}
 	body, err := json.Marshal(webhook.Payload{Type: webhook.EventType, Timestamp: ch.OccurredAt, Data: data})
 	if err != nil {
-		return false, fmt.Errorf("encode webhook of order %s: %w", ev.OrderID, err)
+		return false, fmt.Errorf("encode webhook of order %s: %w", o.ID, err)
 	}
 	return webhook.Enqueue(ctx, tx, webhook.NewDelivery{
 		OrderID: o.ID, Seq: ch.Seq, ClientID: o.ClientID, URL: o.CallbackURL, Payload: body, RequestID: o.RequestID,
+	})
+}
+
+// missedChanges returns the order's changes before seq that have no
+// webhook delivery.
+func missedChanges(ctx context.Context, tx pgx.Tx, o orderstore.Order, seq int) ([]StatusChange, error) {
+	rows, err := tx.Query(ctx, `
+		SELECT e.seq, e.status, coalesce(e.reason, ''), e.occurred_at FROM order_events e
+		WHERE e.order_id = $1 AND e.seq < $2
+		  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.order_id = e.order_id AND d.seq = e.seq)
+		ORDER BY e.seq`, o.ID, seq)
+	if err != nil {
+		return nil, fmt.Errorf("read missed changes of order %s: %w", o.ID, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (StatusChange, error) {
+		ch := StatusChange{Order: o}
+		var status string
+		err := r.Scan(&ch.Seq, &status, &ch.Reason, &ch.OccurredAt)
+		ch.Status, ch.OccurredAt = order.Status(status), ch.OccurredAt.UTC()
+		return ch, err
 	})
 }
 

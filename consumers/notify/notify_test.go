@@ -167,3 +167,41 @@ func TestApplyRefusesEventsWithoutAnOrderOrHistory(t *testing.T) {
 		t.Fatalf("%d deliveries, %v", n, err)
 	}
 }
+
+// TestApplyNotifiesChangesWhoseEventsWereLost: the broker lost the events
+// of the first two changes (a stream deleted after the order moved on);
+// the next event the notifier gets also stores the deliveries of the
+// changes it never heard of, so the client learns of every status.
+// Before, those changes never got a webhook.
+func TestApplyNotifiesChangesWhoseEventsWereLost(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	o := newOrder(t, db.Pool, "https://shop.example/hooks")
+	move(t, db.Pool, o.ID, order.StatusProcessing, order.StatusReserved, "")
+	move(t, db.Pool, o.ID, order.StatusReserved, order.StatusCancelled, "payment declined")
+	if created, err := handle(t, db.Pool, event(o, order.StatusCancelled, 0)); err != nil || !created {
+		t.Fatalf("cancelled: created=%v err=%v", created, err)
+	}
+	ds, err := webhook.List(t.Context(), db.Pool, o.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ds) != 3 {
+		t.Fatalf("%d deliveries, want one per change (3)", len(ds))
+	}
+	for i, want := range []order.Status{order.StatusProcessing, order.StatusReserved, order.StatusCancelled} {
+		var p struct {
+			Data struct {
+				Status order.Status `json:"status"`
+				Seq    int          `json:"seq"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(ds[i].Payload, &p); err != nil || p.Data.Status != want || p.Data.Seq != i+1 {
+			t.Errorf("delivery %d: %s, want %s", i, ds[i].Payload, want)
+		}
+	}
+	// A late copy of a lost event finds its delivery there: nothing new.
+	if created, err := handle(t, db.Pool, event(o, order.StatusProcessing, 0)); err != nil || created {
+		t.Fatalf("late processing: created=%v err=%v", created, err)
+	}
+}
