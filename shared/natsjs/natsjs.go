@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -101,6 +102,22 @@ type EmbeddedOptions struct {
 	// SyncAlways makes JetStream fsync every write before acknowledging
 	// it (see deploy/nats.conf for the trade-off). Off in tests.
 	SyncAlways bool
+	// Name is the server's name (default "orderpipe-embedded"); each node
+	// of a cluster needs its own.
+	Name string
+	// Cluster, when its Port is set, makes the server a node of a
+	// JetStream cluster (the chaos checker runs three).
+	Cluster ClusterOptions
+}
+
+// ClusterOptions make an embedded server one node of a cluster.
+type ClusterOptions struct {
+	// Name of the cluster; every node gives the same.
+	Name string
+	// Port the node listens on for its peers (127.0.0.1).
+	Port int
+	// Routes are the peers' cluster URLs (nats://127.0.0.1:PORT).
+	Routes []string
 }
 
 // StartEmbedded runs a NATS server with JetStream in this process and waits
@@ -121,6 +138,21 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 	}
 	if o.SyncAlways {
 		opts.SyncAlways = true
+	}
+	if o.Name != "" {
+		opts.ServerName = o.Name
+	}
+	if o.Cluster.Port != 0 {
+		opts.Cluster.Name = o.Cluster.Name
+		opts.Cluster.Host = "127.0.0.1"
+		opts.Cluster.Port = o.Cluster.Port
+		for _, r := range o.Cluster.Routes {
+			u, err := url.Parse(r)
+			if err != nil {
+				return nil, fmt.Errorf("cluster route %q: %w", r, err)
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

@@ -1,0 +1,289 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// fault is one injected fault.
+type fault struct {
+	At     time.Time
+	Kind   string
+	Detail string
+}
+
+// faultLog records the faults, for the report and to explain a broken
+// order.
+type faultLog struct {
+	mu     sync.Mutex
+	faults []fault
+}
+
+func (l *faultLog) add(kind, format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.faults = append(l.faults, fault{At: time.Now(), Kind: kind, Detail: fmt.Sprintf(format, args...)})
+}
+
+func (l *faultLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.faults)
+}
+
+func (l *faultLog) counts() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := map[string]int{}
+	for _, f := range l.faults {
+		m[f.Kind]++
+	}
+	return m
+}
+
+func (l *faultLog) between(from, to time.Time) []fault {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []fault
+	for _, f := range l.faults {
+		if !f.At.Before(from) && !f.At.After(to) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// scheduler injects faults at random, from the seed: the same seed makes
+// the same sequence of choices (what the system does in between is not
+// deterministic, so the run is a replay of the schedule, not of the
+// interleaving).
+type scheduler struct {
+	s   *stack
+	rng *rand.Rand
+	// pending restarts: a killed part comes back after a while.
+	wg sync.WaitGroup
+	// one NATS node down at most (R3 keeps a quorum), and the stream is
+	// deleted at most twice a run.
+	natsDown  bool
+	deletions int
+	mu        sync.Mutex
+}
+
+func newScheduler(s *stack, seed uint64) *scheduler {
+	return &scheduler{s: s, rng: rand.New(rand.NewPCG(seed, 1))}
+}
+
+func (sc *scheduler) dur(min, max time.Duration) time.Duration {
+	return min + time.Duration(sc.rng.Int64N(int64(max-min)+1))
+}
+
+// kinds and their weights.
+var faultKinds = []struct {
+	name   string
+	weight int
+}{
+	{"kill -9 part", 6},
+	{"nats node stop", 3},
+	{"stream deleted", 1},
+	{"postgres restart", 1},
+	{"provider faults", 3},
+	{"duplicate deliveries", 3},
+	{"forced compensator pass", 2},
+	{"dead-letter replay", 2},
+	{"network", 3},
+}
+
+func (sc *scheduler) pick() string {
+	total := 0
+	for _, k := range faultKinds {
+		total += k.weight
+	}
+	n := sc.rng.IntN(total)
+	for _, k := range faultKinds {
+		if n < k.weight {
+			return k.name
+		}
+		n -= k.weight
+	}
+	return faultKinds[0].name
+}
+
+// run injects faults until ctx ends, then waits for the pending restarts.
+func (sc *scheduler) run(ctx context.Context) {
+	for {
+		wait := sc.dur(500*time.Millisecond, 3*time.Second)
+		select {
+		case <-ctx.Done():
+			sc.wg.Wait()
+			return
+		case <-time.After(wait):
+		}
+		sc.inject(ctx, sc.pick())
+	}
+}
+
+// later runs f after d (or at once when ctx ends), tracked by wg.
+func (sc *scheduler) later(ctx context.Context, d time.Duration, f func()) {
+	sc.wg.Add(1)
+	go func() {
+		defer sc.wg.Done()
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+		f()
+	}()
+}
+
+func (sc *scheduler) inject(ctx context.Context, kind string) {
+	s := sc.s
+	bg := context.WithoutCancel(ctx)
+	switch kind {
+	case "kill -9 part":
+		parts := append(append(append([]*proc{}, s.producers...), s.consumers...), s.comp, s.psp)
+		p := parts[sc.rng.IntN(len(parts))]
+		if !p.running() {
+			return
+		}
+		back := sc.dur(300*time.Millisecond, 3*time.Second)
+		p.kill()
+		s.log.add(kind, "%s killed with SIGKILL; back in %s", p.name, back.Round(time.Millisecond))
+		sc.later(ctx, back, func() {
+			if err := p.start(bg); err != nil {
+				s.log.add("restart failed", "%s: %v", p.name, err)
+			}
+		})
+	case "nats node stop":
+		sc.mu.Lock()
+		if sc.natsDown {
+			sc.mu.Unlock()
+			return
+		}
+		sc.natsDown = true
+		sc.mu.Unlock()
+		i := sc.rng.IntN(len(s.nodes))
+		leader := sc.rng.IntN(2) == 0
+		if leader {
+			if l := sc.streamLeader(ctx); l >= 0 {
+				i = l
+			} else {
+				leader = false
+			}
+		}
+		n := s.nodes[i]
+		hard := sc.rng.IntN(2) == 0
+		back := sc.dur(2*time.Second, 8*time.Second)
+		if hard {
+			n.kill()
+		} else {
+			n.stop(10 * time.Second)
+		}
+		s.log.add(kind, "%s stopped (leader of ORDERS: %v, kill -9: %v); back in %s", n.name, leader, hard, back.Round(time.Millisecond))
+		sc.later(ctx, back, func() {
+			if err := n.start(bg); err != nil {
+				s.log.add("restart failed", "%s: %v", n.name, err)
+			}
+			sc.mu.Lock()
+			sc.natsDown = false
+			sc.mu.Unlock()
+		})
+	case "stream deleted":
+		if sc.deletions >= 2 {
+			return
+		}
+		sc.deletions++
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := s.js.DeleteStream(dctx, "ORDERS")
+		cancel()
+		s.log.add(kind, "ORDERS deleted (%v)", err)
+	case "postgres restart":
+		err := s.pg.Restart(bg)
+		s.log.add(kind, "PostgreSQL restarted (%v)", err)
+	case "provider faults":
+		back := sc.dur(2*time.Second, 8*time.Second)
+		s.psp.kill()
+		s.setProvider(true)
+		err := s.psp.start(bg)
+		s.log.add(kind, "provider: 400ms latency, 20%% 5xx, 10%% charged-then-no-answer, 10%% declines for %s (%v)", back.Round(time.Millisecond), err)
+		sc.later(ctx, back, func() {
+			s.psp.kill()
+			s.setProvider(false)
+			_ = s.psp.start(bg)
+		})
+	case "duplicate deliveries":
+		n := 5 + sc.rng.IntN(30)
+		tag, err := s.pool.Exec(bg, `
+			INSERT INTO outbox (msg_id, event, payload, headers, order_id)
+			SELECT msg_id || ':dup' || id, event, payload, headers, order_id FROM outbox
+			WHERE published_at IS NOT NULL AND msg_id NOT LIKE '%:dup%'
+			ORDER BY id DESC LIMIT $1`, n)
+		s.log.add(kind, "%d published events put back in the outbox under new message ids (%v)", tag.RowsAffected(), err)
+	case "forced compensator pass":
+		sc.wg.Add(1)
+		go func() {
+			defer sc.wg.Done()
+			out, err := s.runOnce(bg, time.Minute, "compensator", "--once", "--force", "--stuck-after", "3s", "--max-attempts", "1")
+			s.log.add(kind, "compensator --once --force --stuck-after 3s --max-attempts 1: %v %s", err, lastLine(out))
+		}()
+	case "dead-letter replay":
+		rows, err := s.pool.Query(bg, `SELECT id FROM dead_letters WHERE replayed_at IS NULL ORDER BY id LIMIT 3`)
+		if err != nil {
+			return
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if rows.Scan(&id) == nil {
+				ids = append(ids, id)
+			}
+		}
+		rows.Close()
+		for _, id := range ids {
+			out, err := s.runOnce(bg, 30*time.Second, "dlq", "replay", fmt.Sprint(id))
+			s.log.add(kind, "dlq replay %d: %v %s", id, err, lastLine(out))
+		}
+	case "network":
+		lat := sc.dur(0, 300*time.Millisecond)
+		cut := int64(sc.rng.IntN(200))
+		for _, p := range s.proxies {
+			p.latency.Store(int64(lat))
+			p.cutPermille.Store(cut)
+		}
+		s.log.add(kind, "client network: %s latency, %.1f%% of connections cut", lat.Round(time.Millisecond), float64(cut)/10)
+	}
+}
+
+// streamLeader returns the index of the node leading ORDERS (-1: unknown).
+func (sc *scheduler) streamLeader(ctx context.Context) int {
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	st, err := sc.s.js.Stream(cctx, "ORDERS")
+	if err != nil {
+		return -1
+	}
+	info := st.CachedInfo()
+	if info.Cluster == nil {
+		return -1
+	}
+	for i := range sc.s.nodes {
+		if info.Cluster.Leader == fmt.Sprintf("n%d", i+1) {
+			return i
+		}
+	}
+	return -1
+}
+
+func lastLine(s string) string {
+	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == ' ') {
+		s = s[:len(s)-1]
+	}
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '\n' {
+			return s[i+1:]
+		}
+	}
+	return s
+}

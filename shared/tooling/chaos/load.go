@@ -1,0 +1,186 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"orderpipe/shared/order"
+)
+
+// accepted is what a client learned of one request_id.
+type accepted struct {
+	RequestID string
+	OrderID   string
+	// Attempts is how many times the client sent it (retries and
+	// deliberate repeats included).
+	Attempts int
+}
+
+// load is the clients: each sends orders and retries every one with the
+// same request_id and payload until the intake answers 2xx or refuses it
+// for good, as a shop backend or an agent would.
+type load struct {
+	targets  []string // proxy addresses, one per producer
+	apiKey   string
+	callback string
+	skus     []string
+	rng      *rand.Rand
+	rngMu    sync.Mutex
+	http     *http.Client
+
+	mu       sync.Mutex
+	accepted map[string]accepted
+	refused  map[string]string // request_id -> why (a 4xx other than 409/429)
+	sent     atomic.Int64
+	retries  atomic.Int64
+	replays  atomic.Int64
+}
+
+func newLoad(targets []string, apiKey, callback string, skus []string, seed uint64) *load {
+	return &load{targets: targets, apiKey: apiKey, callback: callback, skus: skus,
+		rng:      rand.New(rand.NewPCG(seed, 99)),
+		http:     &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
+		accepted: map[string]accepted{}, refused: map[string]string{}}
+}
+
+func (l *load) intn(n int) int {
+	l.rngMu.Lock()
+	defer l.rngMu.Unlock()
+	return l.rng.IntN(n)
+}
+
+// run runs clients until ctx ends; each client finishes the order it is
+// retrying (for at most retryFor) before it stops.
+func (l *load) run(ctx context.Context, clients int, retryFor time.Duration) {
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ctx.Err() == nil; n++ {
+				l.one(ctx, fmt.Sprintf("%s%02x%04x", order.NewRequestID(time.Now()), c, n), retryFor)
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Duration(20+l.intn(60)) * time.Millisecond):
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// one sends one order until it is settled.
+func (l *load) one(_ context.Context, requestID string, retryFor time.Duration) {
+	items := []map[string]any{}
+	var cents int64
+	for range 1 + l.intn(2) {
+		q := 1 + l.intn(3)
+		items = append(items, map[string]any{"sku": l.skus[l.intn(len(l.skus))], "quantity": q})
+		cents += int64(q) * 1999
+	}
+	body, _ := json.Marshal(map[string]any{
+		"request_id": requestID, "user_id": 1 + l.intn(1000), "items": items,
+		"amount": fmt.Sprintf("%d.%02d", cents/100, cents%100), "currency": "CNY", "callback_url": l.callback,
+	})
+	deadline := time.Now().Add(retryFor)
+	wait := 50 * time.Millisecond
+	attempts := 0
+	for {
+		attempts++
+		l.sent.Add(1)
+		code, orderID, text := l.post(requestID, body)
+		switch {
+		case code == http.StatusAccepted || code == http.StatusOK:
+			l.settle(requestID, orderID, attempts)
+			// Now and then a client sends it once more, as after a lost
+			// answer: the intake must answer with the same order.
+			if l.intn(10) == 0 {
+				l.replays.Add(1)
+				if c, again, _ := l.post(requestID, body); (c == http.StatusOK || c == http.StatusAccepted) && again != orderID {
+					l.mu.Lock()
+					l.refused[requestID] = fmt.Sprintf("a repeat answered order %s, the first answer was %s", again, orderID)
+					l.mu.Unlock()
+				}
+			}
+			return
+		case code >= 400 && code < 500 && code != http.StatusConflict && code != http.StatusTooManyRequests && code != http.StatusRequestTimeout:
+			l.mu.Lock()
+			l.refused[requestID] = fmt.Sprintf("%d %s", code, text)
+			l.mu.Unlock()
+			return
+		}
+		if time.Now().After(deadline) {
+			// Unsettled: the checker finds out whether the intake took it.
+			l.mu.Lock()
+			l.refused[requestID] = fmt.Sprintf("gave up after %d attempts (last: %d %s)", attempts, code, text)
+			l.mu.Unlock()
+			return
+		}
+		l.retries.Add(1)
+		// Backoff with jitter. The client keeps retrying after the load
+		// stopped (ctx) until its deadline: an order it sent must settle.
+		t := time.NewTimer(wait + time.Duration(l.intn(int(wait/time.Millisecond)+1))*time.Millisecond)
+		<-t.C
+		wait = min(2*wait, time.Second)
+	}
+}
+
+func (l *load) settle(requestID, orderID string, attempts int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.accepted[requestID] = accepted{RequestID: requestID, OrderID: orderID, Attempts: attempts}
+}
+
+// post sends one attempt through a random producer and returns the status
+// code (0: no answer), the order id of a 2xx and a short text otherwise.
+func (l *load) post(requestID string, body []byte) (int, string, string) {
+	url := "http://" + l.targets[l.intn(len(l.targets))] + "/v1/orders"
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, "", err.Error()
+	}
+	req.Header.Set("Authorization", "Bearer "+l.apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", requestID)
+	resp, err := l.http.Do(req)
+	if err != nil {
+		return 0, "", err.Error()
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode/100 == 2 {
+		var o struct {
+			OrderID string `json:"order_id"`
+		}
+		if err := json.Unmarshal(raw, &o); err != nil || o.OrderID == "" {
+			return 0, "", "unreadable 2xx answer"
+		}
+		return resp.StatusCode, o.OrderID, ""
+	}
+	if len(raw) > 200 {
+		raw = raw[:200]
+	}
+	return resp.StatusCode, "", string(raw)
+}
+
+func (l *load) snapshot() (map[string]accepted, map[string]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := make(map[string]accepted, len(l.accepted))
+	for k, v := range l.accepted {
+		a[k] = v
+	}
+	r := make(map[string]string, len(l.refused))
+	for k, v := range l.refused {
+		r[k] = v
+	}
+	return a, r
+}
