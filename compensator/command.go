@@ -177,7 +177,7 @@ func openEnv(ctx context.Context, inv cli.Invocation, cfg Config, logger *slog.L
 
 // Relay returns the outbox relay the compensator publishes with.
 func Relay(env *app.Env) *outbox.Relay {
-	return &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger}
+	return &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger, Ensure: env.EnsureStream}
 }
 
 func runOnce(ctx context.Context, inv cli.Invocation, cfg Config, logger *slog.Logger) error {

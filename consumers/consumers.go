@@ -98,7 +98,7 @@ func Build(env *app.Env, cfg Config, steps ...step.Step) (*Pipeline, error) {
 		env:    env,
 		cfg:    cfg,
 		router: router,
-		relay:  &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger},
+		relay:  &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger, Ensure: env.EnsureStream},
 		steps:  steps,
 	}
 	router.AddMiddleware(
@@ -127,7 +127,7 @@ func Build(env *app.Env, cfg Config, steps ...step.Step) (*Pipeline, error) {
 		for _, e := range st.Events {
 			subjects = append(subjects, env.Topology.Subject(e))
 		}
-		sub := newSubscriber(env.JS, env.Topology.Stream, consumerConfig(st.Name, subjects, cfg), cfg, env.Logger.With(slog.String("step", st.Name)))
+		sub := newSubscriber(env.JS, env.Topology.Stream, consumerConfig(st.Name, subjects, cfg), cfg, env.Logger.With(slog.String("step", st.Name)), env.EnsureStream)
 		p.subs = append(p.subs, sub)
 		router.AddConsumerHandler(st.Name, st.Name, sub, p.handler(st))
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/shared/orderevent"
@@ -44,7 +45,8 @@ const (
 // handler acked it (that is after the step's commit), with DoubleAck so a
 // lost ack shows up as an error (and a redelivery, which the dedupe row
 // absorbs). A nack becomes NakWithDelay(redelivery schedule[delivered]).
-// Workers messages are handled concurrently.
+// Workers messages are handled concurrently, and no more are fetched than
+// there are free workers.
 type subscriber struct {
 	js      jetstream.JetStream
 	stream  string
@@ -54,10 +56,12 @@ type subscriber struct {
 	closing chan struct{}
 	once    sync.Once
 	wg      sync.WaitGroup
+	// ensure provisions the stream again when it is missing.
+	ensure func(ctx context.Context) error
 }
 
-func newSubscriber(js jetstream.JetStream, stream string, cc jetstream.ConsumerConfig, cfg Config, logger *slog.Logger) *subscriber {
-	return &subscriber{js: js, stream: stream, cc: cc, cfg: cfg, logger: logger, closing: make(chan struct{})}
+func newSubscriber(js jetstream.JetStream, stream string, cc jetstream.ConsumerConfig, cfg Config, logger *slog.Logger, ensure func(context.Context) error) *subscriber {
+	return &subscriber{js: js, stream: stream, cc: cc, cfg: cfg, logger: logger, closing: make(chan struct{}), ensure: ensure}
 }
 
 // consumerConfig is the durable consumer of a step: explicit acks, a
@@ -78,49 +82,60 @@ func consumerConfig(name string, subjects []string, cfg Config) jetstream.Consum
 	}
 }
 
-// Subscribe creates or updates the durable consumer and starts the workers.
-// topic is only a label: the consumer's subjects come from its config. The
+// Subscribe creates or updates the durable consumer and starts fetching.
+// topic is only a label: the consumer's subjects come from its config. A
+// broker that is down, or a stream that is missing, does not fail it: the
+// fetch loop provisions the stream and the consumer when it can. The
 // channel is closed when ctx ends or the subscriber is closed, after the
 // in-flight messages were acked or nacked.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	cons, err := s.js.CreateOrUpdateConsumer(ctx, s.stream, s.cc)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cons, err := s.provision(pctx)
+	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("provision durable consumer %s on %s: %w", s.cc.Durable, s.stream, err)
+		s.logger.Warn("durable consumer not provisioned yet; retrying in the background", slog.String("consumer", s.cc.Durable), slog.Any("error", err))
 	}
 	out := make(chan *message.Message)
-	fetchCtx, cancel := context.WithCancel(ctx)
+	fetchCtx, stop := context.WithCancel(ctx)
 	go func() {
 		select {
 		case <-s.closing:
 		case <-fetchCtx.Done():
 		}
-		cancel()
+		stop()
 	}()
-	var workers sync.WaitGroup
-	jobs := make(chan jetstream.Msg)
-	for range s.cfg.Workers {
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
-			for m := range jobs {
-				s.handle(m, out)
-			}
-		}()
-	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer close(out)
-		defer workers.Wait()
-		defer close(jobs)
-		s.fetch(fetchCtx, cons, jobs)
+		s.fetch(fetchCtx, cons, out)
 	}()
 	return out, nil
 }
 
-// fetch pulls messages into jobs until ctx ends, re-creating the iterator
-// (and the consumer, if the broker lost it) after errors.
-func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, jobs chan<- jetstream.Msg) {
+// provision creates or updates the durable consumer, and the stream first
+// when it is missing (deleted, or a broker that lost its store).
+func (s *subscriber) provision(ctx context.Context) (jetstream.Consumer, error) {
+	cons, err := s.js.CreateOrUpdateConsumer(ctx, s.stream, s.cc)
+	if errors.Is(err, jetstream.ErrStreamNotFound) && s.ensure != nil {
+		if err := s.ensure(ctx); err != nil {
+			return nil, fmt.Errorf("provision stream %s: %w", s.stream, err)
+		}
+		s.logger.Warn("the stream was missing; provisioned it again", slog.String("stream", s.stream))
+		cons, err = s.js.CreateOrUpdateConsumer(ctx, s.stream, s.cc)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provision durable consumer %s on %s: %w", s.cc.Durable, s.stream, err)
+	}
+	return cons, nil
+}
+
+// fetch pulls messages until ctx ends, never more than there are free
+// workers: a fetched message goes straight to a worker, which keeps it alive
+// with in-progress acks, so no message waits in a buffer while its AckWait
+// runs out (and burns a delivery attempt). After an error it provisions the
+// consumer (and the stream) again.
+func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- *message.Message) {
 	pause := func(d time.Duration) bool {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -131,42 +146,58 @@ func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, jobs ch
 			return false
 		}
 	}
+	free := make(chan struct{}, s.cfg.Workers)
+	for range s.cfg.Workers {
+		free <- struct{}{}
+	}
+	var workers sync.WaitGroup
+	defer workers.Wait()
 	for ctx.Err() == nil {
-		it, err := cons.Messages(jetstream.PullMaxMessages(s.cfg.Workers), jetstream.PullExpiry(5*time.Second))
-		if err != nil {
-			s.logger.Warn("open JetStream pull subscription", slog.String("consumer", s.cc.Durable), slog.Any("error", err))
-			if !pause(time.Second) {
-				return
-			}
-			if c, err := s.js.CreateOrUpdateConsumer(ctx, s.stream, s.cc); err == nil {
-				cons = c
-			}
-			continue
-		}
-		for {
-			m, err := it.Next(jetstream.NextContext(ctx))
+		if cons == nil {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			c, err := s.provision(pctx)
+			cancel()
 			if err != nil {
-				it.Stop()
-				if ctx.Err() != nil {
+				s.logger.Debug("provision durable consumer", slog.String("consumer", s.cc.Durable), slog.Any("error", err))
+				if !pause(time.Second) {
 					return
 				}
-				s.logger.Warn("JetStream pull", slog.String("consumer", s.cc.Durable), slog.Any("error", err))
-				if !pause(500 * time.Millisecond) {
-					return
-				}
-				if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-					if c, err := s.js.CreateOrUpdateConsumer(ctx, s.stream, s.cc); err == nil {
-						cons = c
-					}
-				}
-				break
+				continue
 			}
-			select {
-			case jobs <- m:
-			case <-ctx.Done():
-				// Not handed to a worker: let the broker redeliver it now.
-				_ = m.Nak()
-				it.Stop()
+			cons = c
+		}
+		// Wait for one free worker, then take every free one.
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return
+		}
+		n := 1
+		for len(free) > 0 {
+			<-free
+			n++
+		}
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(time.Second))
+		got := 0
+		if err == nil {
+			for m := range batch.Messages() {
+				got++
+				workers.Add(1)
+				go func() {
+					defer workers.Done()
+					defer func() { free <- struct{}{} }()
+					s.handle(m, out)
+				}()
+			}
+			err = batch.Error()
+		}
+		for range n - got {
+			free <- struct{}{}
+		}
+		if err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			s.logger.Warn("JetStream fetch", slog.String("consumer", s.cc.Durable), slog.Any("error", err))
+			cons = nil // provision it again: it, or its stream, may be gone
+			if !pause(500 * time.Millisecond) {
 				return
 			}
 		}

@@ -73,7 +73,7 @@ func Run(ctx context.Context, env *app.Env, l net.Listener, opts Options) error 
 			own(mux, auth)
 		}
 	}
-	relay := &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger}
+	relay := &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger, Ensure: env.EnsureStream}
 	rctx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)

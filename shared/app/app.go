@@ -42,6 +42,8 @@ type Env struct {
 	Metrics *prometheus.Registry
 
 	stopTracing func(context.Context) error
+	stopKeeper  context.CancelFunc
+	keeperDone  chan struct{}
 }
 
 // NewLogger returns the process logger: JSON or text per the config, with
@@ -76,11 +78,29 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, name stri
 		env.Close()
 		return nil, fmt.Errorf("set up tracing: %w", err)
 	}
-	if _, err := natsjs.EnsureStream(ctx, js, env.Topology, cfg.StreamReplicas); err != nil {
-		env.Close()
-		return nil, err
+	// Provision the stream now if the broker is there; either way keep it
+	// provisioned (a start while NATS is down, a stream deleted or lost at
+	// runtime) for as long as the process runs.
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if _, err := natsjs.EnsureStream(sctx, js, env.Topology, cfg.StreamReplicas); err != nil {
+		logger.Warn("the broker is not available yet; orders are accepted into the outbox and published when it is", slog.Any("error", err))
 	}
+	cancel()
+	kctx, stop := context.WithCancel(context.Background())
+	env.stopKeeper = stop
+	env.keeperDone = make(chan struct{})
+	go func() {
+		defer close(env.keeperDone)
+		natsjs.KeepStream(kctx, js, env.Topology, cfg.StreamReplicas, 2*time.Second, logger)
+	}()
 	return env, nil
+}
+
+// EnsureStream provisions the stream again (a relay or a subscriber that
+// found it missing calls it).
+func (e *Env) EnsureStream(ctx context.Context) error {
+	_, err := natsjs.EnsureStream(ctx, e.JS, e.Topology, e.Config.StreamReplicas)
+	return err
 }
 
 // NewRegistry returns a registry with the Go and process collectors and
@@ -94,6 +114,10 @@ func NewRegistry() *prometheus.Registry {
 
 // Close drains the NATS connection, closes the pool and flushes traces.
 func (e *Env) Close() {
+	if e.stopKeeper != nil {
+		e.stopKeeper()
+		<-e.keeperDone
+	}
 	if e.stopTracing != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = e.stopTracing(ctx)
@@ -120,6 +144,12 @@ func (e *Env) Ready(ctx context.Context) map[string]error {
 }
 
 // Mount adds /healthz, /readyz and /metrics to mux.
+//
+// /readyz depends on PostgreSQL only: it answers 503 when PostgreSQL does
+// not answer, and 200 otherwise, naming the broker "degraded" while NATS is
+// away (the intake still accepts orders durably into the outbox then). It
+// shows no raw dependency errors (they may carry hosts and users); those go
+// to the log.
 func (e *Env) Mount(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -127,15 +157,16 @@ func (e *Env) Mount(mux *http.ServeMux) {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		checks := e.Ready(r.Context())
-		body := map[string]string{}
+		body := map[string]string{"status": "ok", "postgres": "ok", "nats": "ok"}
 		code := http.StatusOK
-		for name, err := range checks {
-			if err != nil {
-				body[name] = err.Error()
-				code = http.StatusServiceUnavailable
-			} else {
-				body[name] = "ok"
-			}
+		if err := checks["nats"]; err != nil {
+			body["nats"], body["status"] = "degraded", "degraded"
+			e.Logger.Warn("readyz: the broker is unavailable", slog.Any("error", err))
+		}
+		if err := checks["postgres"]; err != nil {
+			body["postgres"], body["status"] = "unavailable", "unavailable"
+			code = http.StatusServiceUnavailable
+			e.Logger.Warn("readyz: PostgreSQL is unavailable", slog.Any("error", err))
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)

@@ -24,13 +24,16 @@ import (
 const DuplicateWindow = 2 * time.Hour
 
 // Connect dials the NATS server(s) in url (comma-separated) with endless
-// reconnects, and returns the connection and its JetStream context.
+// reconnects, and returns the connection and its JetStream context. A
+// broker that is down does not stop the process: the connection keeps
+// trying in the background (a broker outage costs time, never orders: the
+// intake keeps accepting into the outbox meanwhile).
 func Connect(url, name string, logger *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(url,
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
-		nats.RetryOnFailedConnect(false),
+		nats.RetryOnFailedConnect(true),
 		nats.Timeout(5*time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -80,6 +83,35 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, t orderevent.Topo
 		return nil, fmt.Errorf("provision stream %s: %w", t.Stream, err)
 	}
 	return s, nil
+}
+
+// KeepStream provisions the stream now and then every interval until ctx
+// ends, whenever it is missing: at a start while the broker was down,
+// after the stream was deleted, or after a broker lost its store. It
+// returns when ctx ends.
+func KeepStream(ctx context.Context, js jetstream.JetStream, t orderevent.Topology, replicas int, interval time.Duration, logger *slog.Logger) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	missing := false
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := js.Stream(sctx, t.Stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			if _, err := EnsureStream(sctx, js, t, replicas); err == nil {
+				logger.Warn("the stream was missing; provisioned it again", slog.String("stream", t.Stream))
+				missing = false
+			} else if !missing {
+				logger.Warn("the stream is missing and could not be provisioned yet", slog.String("stream", t.Stream), slog.Any("error", err))
+				missing = true
+			}
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // Ping reports whether the connection is up and JetStream answers.

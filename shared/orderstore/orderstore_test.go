@@ -88,7 +88,9 @@ func TestRelayPublishesOnceEvenWhenItDiesBeforeStamping(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, oid := newOrder(t, db.Pool)
-	relay := &outbox.Relay{Pool: db.Pool, JS: nt.JS, Topology: nt.Topology, Logger: testenv.Logger(t)}
+	// A dead relay's claims expire after the lease; a short one lets the
+	// next pass take over at once.
+	relay := &outbox.Relay{Pool: db.Pool, JS: nt.JS, Topology: nt.Topology, Logger: testenv.Logger(t), Lease: time.Millisecond}
 
 	disable := failpoint.Enable(outbox.FailAfterPublish, 1)
 	if err := relay.Publish(ctx, oid); !errors.Is(err, failpoint.ErrInjected) {

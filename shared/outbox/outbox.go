@@ -1,19 +1,26 @@
 // Package outbox is orderpipe's transactional outbox. A status change and
 // the event that announces it are written in one PostgreSQL transaction
 // (Enqueue); the relay then publishes pending events to JetStream with their
-// deterministic Nats-Msg-Id and stamps them published. A process that dies
-// between the commit and the publish leaves the row pending, and the next
-// relay pass (in any replica) publishes it, so no committed change is ever
-// left unannounced. A row published twice (relay died after the publish,
-// before the stamp) is dropped by the broker's duplicate window or by the
-// consumer's dedupe row.
+// deterministic Nats-Msg-Id and stamps them published, with the stream
+// sequence of the broker's ack. The relay claims rows with a short lease in
+// one statement and publishes them asynchronously with no transaction open,
+// so a slow or absent broker never holds a database connection, and one row
+// the broker refuses does not hold back the rows behind it. A process that
+// dies between the commit and the publish leaves the row pending, and the
+// next relay pass (in any replica) publishes it, so no committed change is
+// ever left unannounced. A row published twice (relay died after the
+// publish, before the stamp) is dropped by the broker's duplicate window or
+// by the consumer's dedupe row. A publish that finds the stream missing
+// provisions it again (Relay.Ensure).
 package outbox
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,8 +83,13 @@ type Relay struct {
 	MinAge time.Duration
 	// Batch is the most rows one pass publishes; default 500.
 	Batch int
-	// PublishTimeout bounds one publish; default 5s.
+	// PublishTimeout bounds the wait for one batch's acks; default 5s.
 	PublishTimeout time.Duration
+	// Lease is how long a claimed row is left to this relay; default 30s.
+	Lease time.Duration
+	// Ensure, if set, provisions the stream again when a publish finds it
+	// missing (deleted, or a broker that lost its store).
+	Ensure func(ctx context.Context) error
 }
 
 func (r *Relay) defaults() {
@@ -94,6 +106,9 @@ func (r *Relay) defaults() {
 	}
 	if r.PublishTimeout <= 0 {
 		r.PublishTimeout = 5 * time.Second
+	}
+	if r.Lease <= 0 {
+		r.Lease = 30 * time.Second
 	}
 	if r.Logger == nil {
 		r.Logger = slog.Default()
@@ -131,94 +146,149 @@ type row struct {
 }
 
 // PublishPending publishes up to Batch pending rows older than minAge, in
-// id order, and returns how many it published. Rows locked by another relay
-// are skipped.
+// id order, and returns how many it published. Rows claimed by another
+// relay are skipped.
 func (r *Relay) PublishPending(ctx context.Context, minAge time.Duration) (int, error) {
 	r.defaults()
-	return r.publishWhere(ctx, "relay", `published_at IS NULL AND created_at <= now() - make_interval(secs => $1) ORDER BY id LIMIT $2`, minAge.Seconds(), r.Batch)
+	return r.publishWhere(ctx, "relay", `created_at <= now() - make_interval(secs => $1) ORDER BY id LIMIT $2`, minAge.Seconds(), r.Batch)
 }
 
 // Publish publishes the given rows now if they are still pending (the
-// inline path right after the commit that wrote them).
+// inline path right after the commit that wrote them). When the
+// connection to NATS is down it returns at once: the rows stay for the
+// relay, and the caller (an intake request) does not wait on the broker.
 func (r *Relay) Publish(ctx context.Context, ids ...int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
 	r.defaults()
-	_, err := r.publishWhere(ctx, "inline", `published_at IS NULL AND id = ANY($1) ORDER BY id`, ids)
+	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
+		return fmt.Errorf("%w: not connected (%s); %d event(s) left to the relay", ErrBrokerUnavailable, nc.Status(), len(ids))
+	}
+	_, err := r.publishWhere(ctx, "inline", `id = ANY($1) ORDER BY id`, ids)
 	return err
 }
 
+// ErrBrokerUnavailable marks a publish that could not reach the broker.
+var ErrBrokerUnavailable = errors.New("broker unavailable")
+
+// claimSQL claims pending rows (the caller's condition and order follow
+// "AND") for Lease, in one statement: no transaction stays open while they
+// are published.
+const claimSQL = `
+	UPDATE outbox o SET claimed_until = now() + make_interval(secs => %f)
+	FROM (SELECT id FROM outbox
+	      WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now()) AND %s
+	      FOR UPDATE SKIP LOCKED) c
+	WHERE o.id = c.id
+	RETURNING o.id, o.msg_id, o.event, o.payload, o.headers`
+
 func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...any) (int, error) {
-	published := 0
-	var pubErr error
-	err := pgx.BeginFunc(ctx, r.Pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, msg_id, event, payload, headers FROM outbox WHERE `+where+` FOR UPDATE SKIP LOCKED`, args...)
-		if err != nil {
-			return fmt.Errorf("select pending outbox rows: %w", err)
-		}
-		var batch []row
-		for rows.Next() {
-			var x row
-			if err := rows.Scan(&x.id, &x.msgID, &x.event, &x.payload, &x.headers); err != nil {
-				rows.Close()
-				return err
-			}
-			batch = append(batch, x)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		var done, seqs []int64
-		for _, x := range batch {
-			seq, err := r.publish(ctx, x)
-			if err != nil {
-				pubErr = err
-				break
-			}
-			done, seqs = append(done, x.id), append(seqs, int64(seq))
-		}
-		if len(done) > 0 {
-			if err := failpoint.Inject(FailAfterPublish); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, stampSQL, done, seqs); err != nil {
-				return fmt.Errorf("stamp published outbox rows: %w", err)
-			}
-		}
-		published = len(done)
-		return nil // keep the stamps of what went out even if a later publish failed
+	rows, err := r.Pool.Query(ctx, fmt.Sprintf(claimSQL, r.Lease.Seconds(), where), args...)
+	if err != nil {
+		return 0, fmt.Errorf("claim pending outbox rows: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+		var x row
+		return x, cr.Scan(&x.id, &x.msgID, &x.event, &x.payload, &x.headers)
 	})
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("claim pending outbox rows: %w", err)
 	}
-	metrics.OutboxPublished.WithLabelValues(path).Add(float64(published))
-	return published, pubErr
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	sort.Slice(batch, func(i, j int) bool { return batch[i].id < batch[j].id })
+	done, seqs, failed, pubErr := r.publishBatch(ctx, batch)
+	if len(done) > 0 {
+		if err := failpoint.Inject(FailAfterPublish); err != nil {
+			return 0, err // a simulated crash: the claims expire, another pass publishes again
+		}
+		if _, err := r.Pool.Exec(context.WithoutCancel(ctx), stampSQL, done, seqs); err != nil {
+			return 0, fmt.Errorf("stamp published outbox rows: %w", err)
+		}
+	}
+	if len(failed) > 0 {
+		// Give the rows back at once rather than at the lease's end.
+		_, _ = r.Pool.Exec(context.WithoutCancel(ctx), `UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL`, failed)
+	}
+	metrics.OutboxPublished.WithLabelValues(path).Add(float64(len(done)))
+	return len(done), pubErr
+}
+
+// publishBatch publishes rows asynchronously and waits for their acks. A
+// row the broker refuses does not hold back the rows behind it; when the
+// stream is missing, Ensure provisions it and the rest waits for the next
+// pass.
+func (r *Relay) publishBatch(ctx context.Context, batch []row) (done, seqs, failed []int64, err error) {
+	type inflight struct {
+		x   row
+		ack jetstream.PubAckFuture
+	}
+	var errs []error
+	var fl []inflight
+	for _, x := range batch {
+		msg := r.message(x)
+		f, perr := r.JS.PublishMsgAsync(msg, jetstream.WithMsgID(x.msgID))
+		if perr != nil {
+			failed = append(failed, x.id)
+			errs = append(errs, fmt.Errorf("publish %s (%s): %w", x.msgID, msg.Subject, perr))
+			continue
+		}
+		fl = append(fl, inflight{x, f})
+	}
+	timer := time.NewTimer(r.PublishTimeout)
+	defer timer.Stop()
+	missing := false
+	for i, f := range fl {
+		select {
+		case ack := <-f.ack.Ok():
+			done, seqs = append(done, f.x.id), append(seqs, int64(ack.Sequence))
+			continue
+		case e := <-f.ack.Err():
+			errs = append(errs, fmt.Errorf("publish %s: %w", f.x.msgID, e))
+			if errors.Is(e, jetstream.ErrNoStreamResponse) || errors.Is(e, nats.ErrNoResponders) || errors.Is(e, jetstream.ErrStreamNotFound) {
+				missing = true
+			}
+		case <-timer.C:
+			for _, rest := range fl[i:] {
+				failed = append(failed, rest.x.id)
+			}
+			errs = append(errs, fmt.Errorf("%w: %d publish(es) not acknowledged within %s", ErrBrokerUnavailable, len(fl)-i, r.PublishTimeout))
+			return done, seqs, failed, errors.Join(errs...)
+		case <-ctx.Done():
+			for _, rest := range fl[i:] {
+				failed = append(failed, rest.x.id)
+			}
+			return done, seqs, failed, errors.Join(append(errs, ctx.Err())...)
+		}
+		failed = append(failed, f.x.id)
+	}
+	if missing && r.Ensure != nil {
+		if err := r.Ensure(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("provision the stream again: %w", err))
+		} else {
+			r.Logger.Warn("outbox relay: the stream was missing; provisioned it again", slog.String("stream", r.Topology.Stream))
+		}
+	}
+	return done, seqs, failed, errors.Join(errs...)
+}
+
+func (r *Relay) message(x row) *nats.Msg {
+	msg := &nats.Msg{Subject: r.Topology.Subject(orderevent.Name(x.event)), Data: x.payload, Header: nats.Header{}}
+	for k, v := range x.headers {
+		msg.Header.Set(k, v)
+	}
+	msg.Header.Set(orderevent.HeaderMsgID, x.msgID)
+	return msg
 }
 
 // stampSQL marks rows ($1) published with the stream sequence ($2) of
 // their publish ack, which lets the compensator tell later whether the
 // broker still holds the event.
 const stampSQL = `
-	UPDATE outbox o SET published_at = now(), stream_seq = v.seq
+	UPDATE outbox o SET published_at = now(), stream_seq = v.seq, claimed_until = NULL
 	FROM unnest($1::bigint[], $2::bigint[]) AS v(id, seq) WHERE o.id = v.id`
-
-// publish publishes one row and returns its stream sequence.
-func (r *Relay) publish(ctx context.Context, x row) (uint64, error) {
-	msg := &nats.Msg{Subject: r.Topology.Subject(orderevent.Name(x.event)), Data: x.payload, Header: nats.Header{}}
-	for k, v := range x.headers {
-		msg.Header.Set(k, v)
-	}
-	msg.Header.Set(orderevent.HeaderMsgID, x.msgID)
-	pctx, cancel := context.WithTimeout(ctx, r.PublishTimeout)
-	defer cancel()
-	ack, err := r.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(x.msgID))
-	if err != nil {
-		return 0, fmt.Errorf("publish %s (%s): %w", x.msgID, msg.Subject, err)
-	}
-	return ack.Sequence, nil
-}
 
 // Pending returns how many rows wait to be published.
 func Pending(ctx context.Context, pool *pgxpool.Pool) (int, error) {

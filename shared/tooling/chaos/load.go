@@ -81,9 +81,10 @@ func (l *load) run(ctx context.Context, clients int, retryFor time.Duration) {
 func (l *load) one(_ context.Context, requestID string, retryFor time.Duration) {
 	items := []map[string]any{}
 	var cents int64
-	for range 1 + l.intn(2) {
+	first := l.intn(len(l.skus))
+	for i := range 1 + l.intn(2) { // distinct SKUs: the intake refuses a repeated one
 		q := 1 + l.intn(3)
-		items = append(items, map[string]any{"sku": l.skus[l.intn(len(l.skus))], "quantity": q})
+		items = append(items, map[string]any{"sku": l.skus[(first+i)%len(l.skus)], "quantity": q})
 		cents += int64(q) * 1999
 	}
 	body, _ := json.Marshal(map[string]any{

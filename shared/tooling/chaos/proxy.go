@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -117,10 +116,7 @@ func (p *proxy) pipe(dst, src net.Conn) {
 				return
 			}
 		}
-		if err != nil {
-			if err != io.EOF {
-				return
-			}
+		if err != nil { // EOF or a cut: either way the copy ends
 			return
 		}
 	}
