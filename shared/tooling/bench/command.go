@@ -81,7 +81,10 @@ type flags struct {
 }
 
 // Command is `orderpipe bench <action> [flags]`.
-func Command() cli.Command {
+func Command() cli.Command { return command(Run) }
+
+// command is Command with the function that runs the parsed settings.
+func command(run func(ctx context.Context, s Settings, out, progress io.Writer) error) cli.Command {
 	var f flags
 	return cli.Command{
 		Name:    "bench",
@@ -108,7 +111,7 @@ func Command() cli.Command {
 			if err != nil {
 				return err
 			}
-			return Run(ctx, s, inv.Stdout, inv.Stderr)
+			return run(ctx, s, inv.Stdout, inv.Stderr)
 		},
 	}
 }
