@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"orderpipe/producer/client"
 )
 
 // newRunID is a short random tag that prefixes every request_id of one
@@ -166,28 +168,63 @@ func countOrders(ctx context.Context, pool *pgxpool.Pool, prefix string) (rows, 
 }
 
 // runReplay is the article's scenario: s.Users users, each sending
-// s.Requests requests with the user's own request_id, all at once. Exactly
-// s.Users orders must exist afterwards, checked over the API (GET
-// /v1/orders?request_id=) and, when bench has the database, there too.
+// s.Requests requests with the user's own request_id, all released at
+// once. Each request goes through the project's Go client
+// (producer/client), as a shop backend's would: the intake sheds load
+// beyond its bounds with retryable answers (503 code 103, 429 code 102,
+// with Retry-After), which the client retries with backoff; a request's
+// latency is its whole call, retries included, and the retries are
+// counted. Exactly s.Users orders must exist afterwards, checked over the
+// API (GET /v1/orders?request_id=) and, with the database, there too.
 func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.Writer) (Measurement, error) {
 	prefix := newRunID()
-	total := int64(s.Users * s.Requests)
-	var n atomic.Int64
-	tr := orderTargeter(s.URL, s.APIKey, func() (string, int, bool) {
-		i := n.Add(1) - 1
-		if i >= total {
-			return "", 0, false
-		}
-		user := int(i%int64(s.Users)) + 1
-		return fmt.Sprintf("%s-%d", prefix, user), user, true
-	})
-	client := newHTTPClient(int(total), s.Timeout)
-	defer client.CloseIdleConnections()
+	total := s.Users * s.Requests
+	httpClient := newHTTPClient(total, 0)
+	defer httpClient.CloseIdleConnections()
+	c := client.New(s.URL, s.APIKey)
+	c.HTTP = httpClient
+	results := make(chan *vegeta.Result, total)
+	var (
+		retries atomic.Int64
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+	)
+	for i := range total {
+		user := i%s.Users + 1
+		req := client.OrderRequest{RequestID: fmt.Sprintf("%s-%d", prefix, user), UserID: int64(user),
+			Items: []client.Item{{SKU: fmt.Sprintf("SKU-%d", user%100+1), Quantity: 1}}, Amount: fmt.Sprintf("%d.%02d", 10+user%90, user%100), Currency: "CNY"}
+		wg.Go(func() {
+			<-start
+			t0 := time.Now()
+			r, err := c.CreateOrder(ctx, req)
+			res := &vegeta.Result{Timestamp: t0, Latency: time.Since(t0), Code: http.StatusAccepted}
+			retries.Add(int64(max(r.Attempts-1, 0)))
+			switch {
+			case err != nil:
+				res.Code, res.Error = 0, err.Error()
+				var p *client.Problem
+				if errors.As(err, &p) {
+					res.Code = uint16(p.Status)
+				}
+			case r.Replayed:
+				res.Code = http.StatusOK
+			}
+			if err == nil {
+				res.Body, _ = json.Marshal(orderAnswer{OrderID: r.Order.OrderID, RequestID: r.Order.RequestID, Status: r.Order.Status})
+			}
+			results <- res
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(results)
+	}()
+	close(start)
 	var (
 		created, replayed int64
 		orderOf           = map[string]map[string]bool{} // request_id → order_ids answered
 	)
-	run := collect("replay", int(total), attack(ctx, client, int(total), 0, tr), progress, func(res *vegeta.Result) {
+	run := collect("replay", total, results, progress, func(res *vegeta.Result) {
 		a, ok := parseAnswer(res.Body)
 		if !ok || res.Code/100 != 2 {
 			return
@@ -210,13 +247,13 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 	for _, ids := range orderOf {
 		run.Duplicates += int64(len(ids) - 1)
 	}
-	found, mismatched, err := lookUpOrders(ctx, client, s, prefix, orderOf)
+	found, mismatched, err := lookUpOrders(ctx, httpClient, s, prefix, orderOf)
 	if err != nil {
 		return run, err
 	}
 	run.Duplicates += mismatched
 	run.Extra = map[string]int64{"users": int64(s.Users), "requests_per_user": int64(s.Requests),
-		"created": created, "replayed": replayed, "found_by_request_id": found}
+		"created": created, "replayed": replayed, "retries": retries.Load(), "found_by_request_id": found}
 	if pool != nil {
 		rows, distinct, err := countOrders(ctx, pool, prefix)
 		if err != nil {
