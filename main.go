@@ -26,6 +26,7 @@ import (
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tenant"
+	"orderpipe/shared/tooling/bench"
 	"orderpipe/shared/webhook"
 )
 
@@ -37,6 +38,7 @@ func commands() []cli.Command {
 		producer.Command(),
 		tenant.Command(),
 		probeCommand(),
+		bench.Command(),
 		consumers.Command(),
 		consumers.InventoryCommand(),
 		consumers.DLQCommand(),

@@ -1,0 +1,226 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"orderpipe/consumers"
+	"orderpipe/producer"
+	"orderpipe/shared/app"
+	"orderpipe/shared/config"
+	"orderpipe/shared/psp"
+	"orderpipe/shared/tenant"
+	"orderpipe/shared/testenv"
+)
+
+// stack is a real intake (and, on request, the pipeline behind it) in
+// this process, on the test's own database and stream.
+type stack struct {
+	url, apiKey, dbURL string
+}
+
+func startStack(t *testing.T, pipeline bool) stack {
+	t.Helper()
+	db, n := testenv.DB(t), testenv.NATS(t)
+	cfg := config.Config{DatabaseURL: db.URL, NATSURL: n.URL, ShutdownTimeout: 5 * time.Second, LogLevel: "info", LogFormat: "text"}
+	env := &app.Env{Config: cfg, Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	var waits []func() error
+	t.Cleanup(func() {
+		cancel()
+		for _, w := range waits {
+			if err := w(); err != nil && !strings.Contains(err.Error(), "context canceled") {
+				t.Errorf("part stopped with: %v", err)
+			}
+		}
+	})
+	done := make(chan error, 1)
+	go func() { done <- producer.Run(ctx, env, l, producer.Options{RateLimit: 1e6, RateBurst: 1e6}) }()
+	waits = append(waits, func() error { return <-done })
+	if pipeline {
+		parts := []struct {
+			name  string
+			start func(context.Context, *app.Env) (func() error, error)
+		}{{"psp", psp.DevPart().Start}, {"consumers", consumers.DevPart().Start}}
+		if err := consumers.DevPart().Seed(ctx, db.Pool); err != nil {
+			t.Fatalf("stock the inventory: %v", err)
+		}
+		for _, p := range parts {
+			w, err := p.start(ctx, env)
+			if err != nil {
+				t.Fatalf("start %s: %v", p.name, err)
+			}
+			waits = append(waits, w)
+		}
+	}
+	creds, err := tenant.Create(ctx, db.Pool, "bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stack{url: "http://" + l.Addr().String(), apiKey: creds.APIKey, dbURL: db.URL}
+}
+
+func (s stack) args(action, out string, more ...string) []string {
+	return append([]string{action, "--url", s.url, "--api-key", s.apiKey, "--database-url", s.dbURL, "--out", out}, more...)
+}
+
+func readResult(t *testing.T, dir string) Result {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
+	if err != nil {
+		t.Fatalf("result.json: %v", err)
+	}
+	var r Result
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("result.json: %v\n%s", err, b)
+	}
+	html, err := os.ReadFile(filepath.Join(dir, "chart.html"))
+	if err != nil {
+		t.Fatalf("chart.html: %v", err)
+	}
+	if !strings.Contains(string(html), "<svg") || !strings.Contains(string(html), "<polyline") || strings.Contains(string(html), "<script") || strings.Contains(string(html), "src=") {
+		t.Fatalf("chart.html is not a self-contained SVG chart:\n%.2000s", html)
+	}
+	return r
+}
+
+// checkRun holds a run's result to what bench promises: requests sent,
+// all 2xx, no duplicate, a throughput and ordered percentiles, a timeline.
+func checkRun(t *testing.T, r Measurement, kind string) {
+	t.Helper()
+	if r.Kind != kind || r.Requests == 0 || r.OK != r.Requests || r.Non2xx != 0 || r.Duplicates != 0 {
+		t.Fatalf("%s run: %+v", kind, r)
+	}
+	l := r.Latency
+	if r.Throughput <= 0 || r.Seconds <= 0 || l.P50 <= 0 || l.P50 > l.P95 || l.P95 > l.P99 || l.P99 > l.Max*1.0001 {
+		t.Fatalf("%s run: throughput %.1f over %.2fs, latency %+v", kind, r.Throughput, r.Seconds, l)
+	}
+	var ok int64
+	for _, s := range r.Timeline {
+		ok += s.OK
+	}
+	if len(r.Timeline) == 0 || ok != r.OK {
+		t.Fatalf("%s run: timeline of %d seconds holds %d ok of %d", kind, len(r.Timeline), ok, r.OK)
+	}
+}
+
+// TestAgainstARealStack runs intake, replay and baseline against a real
+// intake on a real PostgreSQL and NATS, and checks their results.
+func TestAgainstARealStack(t *testing.T) {
+	s := startStack(t, false)
+	cfg := offlineConfig(t)
+
+	out := filepath.Join(t.TempDir(), "intake")
+	stdout, stderr, err := invoke(t, nil, cfg, s.args("intake", out, "--duration", "2s", "--concurrency", "4")...)
+	if err != nil {
+		t.Fatalf("bench intake: %v\n%s\n%s", err, stdout, stderr)
+	}
+	if !strings.Contains(stderr, "intake      1s") || !strings.Contains(stdout, "p99 ms") {
+		t.Fatalf("bench intake: want progress per second on stderr and a summary on stdout:\n%s\n%s", stderr, stdout)
+	}
+	r := readResult(t, out)
+	if r.Action != "intake" || len(r.Runs) != 1 || len(r.Failures) != 0 || r.Settings.Concurrency != 4 {
+		t.Fatalf("intake result: %+v", r)
+	}
+	checkRun(t, r.Runs[0], "intake")
+	if r.Runs[0].OrdersInDB != r.Runs[0].OK || r.Runs[0].Concurrency != 4 {
+		t.Fatalf("intake: %d accepted, %d orders in the database", r.Runs[0].OK, r.Runs[0].OrdersInDB)
+	}
+
+	out = filepath.Join(t.TempDir(), "replay")
+	if stdout, stderr, err := invoke(t, nil, cfg, s.args("replay", out, "--users", "5", "--requests", "3")...); err != nil {
+		t.Fatalf("bench replay: %v\n%s\n%s", err, stdout, stderr)
+	}
+	r = readResult(t, out)
+	checkRun(t, r.Runs[0], "replay")
+	rp := r.Runs[0]
+	if rp.Requests != 15 || rp.OrdersInDB != 5 || rp.Extra["created"] != 5 || rp.Extra["replayed"] != 10 || rp.Extra["found_by_request_id"] != 5 || len(r.Failures) != 0 {
+		t.Fatalf("replay 5×3: %+v", rp)
+	}
+
+	out = filepath.Join(t.TempDir(), "baseline")
+	if stdout, stderr, err := invoke(t, nil, cfg, s.args("baseline", out, "--duration", "1s", "--concurrency", "4")...); err != nil {
+		t.Fatalf("bench baseline: %v\n%s\n%s", err, stdout, stderr)
+	}
+	r = readResult(t, out)
+	checkRun(t, r.Runs[0], "baseline")
+	if r.Runs[0].OrdersInDB != r.Runs[0].OK {
+		t.Fatalf("baseline: %d committed, %d rows", r.Runs[0].OK, r.Runs[0].OrdersInDB)
+	}
+	var scratch int
+	if err := testenv.Pool(t, s.dbURL).QueryRow(t.Context(), `SELECT count(*) FROM pg_tables WHERE tablename LIKE 'bench%'`).Scan(&scratch); err != nil || scratch != 0 {
+		t.Fatalf("baseline left %d scratch tables (%v)", scratch, err)
+	}
+}
+
+// TestFailuresFailTheCommand: answers outside 2xx make bench exit non-zero,
+// with the result still written. A wrong API key answers 401 to everything.
+func TestFailuresFailTheCommand(t *testing.T) {
+	s := startStack(t, false)
+	s.apiKey = "op_not_a_key"
+	out := filepath.Join(t.TempDir(), "intake")
+	stdout, _, err := invoke(t, nil, offlineConfig(t), s.args("intake", out, "--duration", "1s", "--concurrency", "2")...)
+	if err == nil || !strings.Contains(err.Error(), "requests failed") || !strings.Contains(stdout, "FAILED") {
+		t.Fatalf("bench intake with a wrong key: want a failure, got %v\n%s", err, stdout)
+	}
+	r := readResult(t, out)
+	if r.Runs[0].Non2xx == 0 || r.Runs[0].StatusCodes["401"] != int(r.Runs[0].Requests) || len(r.Failures) == 0 {
+		t.Fatalf("result of a failed run: %+v", r)
+	}
+}
+
+// TestEndToEndAndCompare runs e2e and a one-round compare against the
+// intake with the pipeline behind it.
+func TestEndToEndAndCompare(t *testing.T) {
+	s := startStack(t, true)
+	cfg := offlineConfig(t)
+	out := filepath.Join(t.TempDir(), "e2e")
+	stdout, stderr, err := invoke(t, nil, cfg, s.args("e2e", out, "--duration", "1s", "--concurrency", "2", "--drain", "2m")...)
+	if err != nil {
+		t.Fatalf("bench e2e: %v\n%s\n%s", err, stdout, stderr)
+	}
+	r := readResult(t, out)
+	e := r.E2E
+	if e == nil || e.Accepted == 0 || e.Terminal != e.Accepted || e.Open != 0 || e.CompletionRate <= 0 || e.IntakeRate <= 0 || len(e.Timeline) == 0 {
+		t.Fatalf("e2e result: %+v", e)
+	}
+	if c := e.ToState["confirmed"]; e.ByStatus["confirmed"] != e.Accepted || c.P50 <= 0 || c.P99 < c.P50 || e.ToState["reserved"].P50 > c.P50 {
+		t.Fatalf("e2e: want every order confirmed with latencies to each state: %+v", e)
+	}
+
+	out = filepath.Join(t.TempDir(), "compare")
+	stdout, stderr, err = invoke(t, nil, cfg, s.args("compare", out, "--duration", "1s", "--concurrency", "2", "--rounds", "1")...)
+	if err != nil {
+		t.Fatalf("bench compare: %v\n%s\n%s", err, stdout, stderr)
+	}
+	r = readResult(t, out)
+	c := r.Compare
+	if c == nil || len(r.Runs) != 2 || r.Runs[0].Kind != "baseline" || r.Runs[1].Kind != "intake" || c.BaselineMedian != r.Runs[0].Throughput ||
+		c.IntakeMedian != r.Runs[1].Throughput || c.Ratio <= 0 || !strings.Contains(stdout, "ratio") {
+		t.Fatalf("compare result: %+v\n%s", r, stdout)
+	}
+}
+
+// The bench is tooling: no part of the product may import it.
+func TestProductDoesNotImportBench(t *testing.T) {
+	out, err := exec.CommandContext(t.Context(), "go", "list", "-deps", "orderpipe/producer/...", "orderpipe/consumers/...", "orderpipe/compensator/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, "orderpipe/shared/tooling") {
+			t.Errorf("the product depends on %s", p)
+		}
+	}
+}

@@ -1,0 +1,329 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"orderpipe/producer/client"
+)
+
+// newRunID is a short random tag that prefixes every request_id of one
+// bench run, so that its orders can be found again and never collide with
+// another run's.
+func newRunID() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return "bench-" + time.Now().UTC().Format("150405") + "-" + hex.EncodeToString(b)
+}
+
+// orderBody is a valid order for request_id id; user spreads the orders
+// over SKU-1 … SKU-100, which `orderpipe dev` stocks.
+func orderBody(id string, user int) []byte {
+	return fmt.Appendf(nil, `{"request_id":%q,"user_id":%d,"items":[{"sku":"SKU-%d","quantity":1}],"amount":"%d.%02d","currency":"CNY"}`,
+		id, user, user%100+1, 10+user%90, user%100)
+}
+
+// newHTTPClient is a keep-alive client with room for n connections to the
+// intake, never through a proxy.
+func newHTTPClient(n int, timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        n,
+			MaxIdleConnsPerHost: n,
+			IdleConnTimeout:     30 * time.Second,
+			DisableCompression:  true,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// attack runs vegeta closed-loop: workers clients, each sending its next
+// request from tr as soon as the previous one answered, for d (0: until tr
+// runs out of targets), or until ctx ends. Results of the extra requests
+// that find tr exhausted are dropped.
+func attack(ctx context.Context, client *http.Client, workers int, d time.Duration, tr vegeta.Targeter) <-chan *vegeta.Result {
+	a := vegeta.NewAttacker(vegeta.Client(client), vegeta.Workers(uint64(workers)), vegeta.MaxWorkers(uint64(workers)))
+	in := a.Attack(tr, vegeta.ConstantPacer{}, d, "")
+	out := make(chan *vegeta.Result, 1024)
+	stop := context.AfterFunc(ctx, func() { a.Stop() })
+	go func() {
+		defer close(out)
+		defer stop()
+		for res := range in {
+			if res.Error == vegeta.ErrNoTargets.Error() && res.Method == "" {
+				continue
+			}
+			res.Headers = nil
+			out <- res
+		}
+	}()
+	return out
+}
+
+// orderAnswer is what bench reads from the intake's answers.
+type orderAnswer struct {
+	OrderID   string `json:"order_id"`
+	RequestID string `json:"request_id"`
+	Status    string `json:"status"`
+}
+
+func parseAnswer(b []byte) (orderAnswer, bool) {
+	var a orderAnswer
+	if json.Unmarshal(b, &a) != nil || a.OrderID == "" || a.RequestID == "" {
+		return orderAnswer{}, false
+	}
+	return a, true
+}
+
+func orderTargeter(base, apiKey string, next func() (id string, user int, ok bool)) vegeta.Targeter {
+	hdr := http.Header{"Authorization": {"Bearer " + apiKey}, "Content-Type": {"application/json"}}
+	u := strings.TrimRight(base, "/") + "/v1/orders"
+	return func(t *vegeta.Target) error {
+		id, user, ok := next()
+		if !ok {
+			return vegeta.ErrNoTargets
+		}
+		t.Method, t.URL, t.Header, t.Body = http.MethodPost, u, hdr, orderBody(id, user)
+		return nil
+	}
+}
+
+// accepted is an order that the intake accepted during a run.
+type accepted struct {
+	orderID string
+	at      time.Time
+}
+
+// runIntake sends orders with unique request_ids at s.Concurrency for
+// s.Duration. It returns the run and the orders accepted (202).
+func runIntake(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.Writer, round int) (Measurement, []accepted, error) {
+	prefix := newRunID()
+	var n atomic.Int64
+	tr := orderTargeter(s.URL, s.APIKey, func() (string, int, bool) {
+		i := n.Add(1)
+		return fmt.Sprintf("%s-%d", prefix, i), int(i), true
+	})
+	client := newHTTPClient(s.Concurrency, s.Timeout)
+	defer client.CloseIdleConnections()
+	var (
+		orders []accepted
+		byID   = map[string]string{} // order_id → request_id
+		dups   int64
+	)
+	run := collect("intake", s.Concurrency, attack(ctx, client, s.Concurrency, s.Duration, tr), progress, func(res *vegeta.Result) {
+		a, ok := parseAnswer(res.Body)
+		if !ok || res.Code/100 != 2 {
+			return
+		}
+		if res.Code != http.StatusAccepted { // a unique request_id answered as a replay
+			dups++
+		}
+		if prev, seen := byID[a.OrderID]; seen && prev != a.RequestID {
+			dups++
+		}
+		byID[a.OrderID] = a.RequestID
+		if res.Code == http.StatusAccepted {
+			orders = append(orders, accepted{orderID: a.OrderID, at: res.End()})
+		}
+	})
+	run.Round = round
+	run.Duplicates = dups
+	if pool != nil {
+		rows, distinct, err := countOrders(ctx, pool, prefix)
+		if err != nil {
+			return run, orders, err
+		}
+		run.OrdersInDB = rows
+		run.Duplicates += rows - distinct
+		run.Extra = map[string]int64{"committed_without_answer": max(distinct-run.OK, 0)}
+	}
+	return run, orders, ctx.Err()
+}
+
+// countOrders counts the orders whose request_id starts with prefix, and
+// their distinct request_ids.
+func countOrders(ctx context.Context, pool *pgxpool.Pool, prefix string) (rows, distinct int64, err error) {
+	err = pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (client_id, request_id)) FROM orders WHERE starts_with(request_id, $1)`, prefix+"-").Scan(&rows, &distinct)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count the run's orders: %w", err)
+	}
+	return rows, distinct, nil
+}
+
+// runReplay is the article's scenario: s.Users users, each sending
+// s.Requests requests with the user's own request_id, all released at
+// once. Each request goes through the project's Go client
+// (producer/client), as a shop backend's would: the intake sheds load
+// beyond its bounds with retryable answers (503 code 103, 429 code 102,
+// with Retry-After), which the client retries with backoff; a request's
+// latency is its whole call, retries included, and the retries are
+// counted. Exactly s.Users orders must exist afterwards, checked over the
+// API (GET /v1/orders?request_id=) and, with the database, there too.
+func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.Writer) (Measurement, error) {
+	prefix := newRunID()
+	total := s.Users * s.Requests
+	httpClient := newHTTPClient(total, 0)
+	defer httpClient.CloseIdleConnections()
+	c := client.New(s.URL, s.APIKey)
+	c.HTTP = httpClient
+	results := make(chan *vegeta.Result, total)
+	var (
+		retries atomic.Int64
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+	)
+	for i := range total {
+		user := i%s.Users + 1
+		req := client.OrderRequest{RequestID: fmt.Sprintf("%s-%d", prefix, user), UserID: int64(user),
+			Items: []client.Item{{SKU: fmt.Sprintf("SKU-%d", user%100+1), Quantity: 1}}, Amount: fmt.Sprintf("%d.%02d", 10+user%90, user%100), Currency: "CNY"}
+		wg.Go(func() {
+			<-start
+			t0 := time.Now()
+			r, err := c.CreateOrder(ctx, req)
+			res := &vegeta.Result{Timestamp: t0, Latency: time.Since(t0), Code: http.StatusAccepted}
+			retries.Add(int64(max(r.Attempts-1, 0)))
+			switch {
+			case err != nil:
+				res.Code, res.Error = 0, err.Error()
+				var p *client.Problem
+				if errors.As(err, &p) {
+					res.Code = uint16(p.Status)
+				}
+			case r.Replayed:
+				res.Code = http.StatusOK
+			}
+			if err == nil {
+				res.Body, _ = json.Marshal(orderAnswer{OrderID: r.Order.OrderID, RequestID: r.Order.RequestID, Status: r.Order.Status})
+			}
+			results <- res
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(results)
+	}()
+	close(start)
+	var (
+		created, replayed int64
+		orderOf           = map[string]map[string]bool{} // request_id → order_ids answered
+	)
+	run := collect("replay", total, results, progress, func(res *vegeta.Result) {
+		a, ok := parseAnswer(res.Body)
+		if !ok || res.Code/100 != 2 {
+			return
+		}
+		switch res.Code {
+		case http.StatusAccepted:
+			created++
+		case http.StatusOK:
+			replayed++
+		}
+		if orderOf[a.RequestID] == nil {
+			orderOf[a.RequestID] = map[string]bool{}
+		}
+		orderOf[a.RequestID][a.OrderID] = true
+	})
+	if err := ctx.Err(); err != nil {
+		return run, err
+	}
+	run.Duplicates = max(created-int64(s.Users), 0)
+	for _, ids := range orderOf {
+		run.Duplicates += int64(len(ids) - 1)
+	}
+	found, mismatched, err := lookUpOrders(ctx, httpClient, s, prefix, orderOf)
+	if err != nil {
+		return run, err
+	}
+	run.Duplicates += mismatched
+	run.Extra = map[string]int64{"users": int64(s.Users), "requests_per_user": int64(s.Requests),
+		"created": created, "replayed": replayed, "retries": retries.Load(), "found_by_request_id": found}
+	if pool != nil {
+		rows, distinct, err := countOrders(ctx, pool, prefix)
+		if err != nil {
+			return run, err
+		}
+		run.OrdersInDB = rows
+		run.Duplicates += rows - distinct
+	}
+	return run, nil
+}
+
+// lookUpOrders asks GET /v1/orders?request_id= for every user's
+// request_id: found counts those that exist, mismatched those whose order
+// is not the one the replay's answers named.
+func lookUpOrders(ctx context.Context, client *http.Client, s Settings, prefix string, orderOf map[string]map[string]bool) (found, mismatched int64, err error) {
+	ids := make(chan string)
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for range min(16, s.Users) {
+		wg.Go(func() {
+			for id := range ids {
+				a, ok, err := getByRequestID(ctx, client, s, id)
+				mu.Lock()
+				switch {
+				case err != nil:
+					if len(errs) < 3 {
+						errs = append(errs, err)
+					}
+				case ok:
+					found++
+					if answered := orderOf[id]; len(answered) > 0 && !answered[a.OrderID] {
+						mismatched++
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for u := 1; u <= s.Users && ctx.Err() == nil; u++ {
+		ids <- fmt.Sprintf("%s-%d", prefix, u)
+	}
+	close(ids)
+	wg.Wait()
+	return found, mismatched, errors.Join(errs...)
+}
+
+func getByRequestID(ctx context.Context, client *http.Client, s Settings, id string) (orderAnswer, bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(s.URL, "/")+"/v1/orders?request_id="+url.QueryEscape(id), nil)
+	if err != nil {
+		return orderAnswer{}, false, fmt.Errorf("look up request_id %s: %w", id, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.APIKey)
+	resp, err := client.Do(req)
+	if err != nil {
+		return orderAnswer{}, false, fmt.Errorf("look up request_id %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return orderAnswer{}, false, nil
+	case resp.StatusCode != http.StatusOK:
+		return orderAnswer{}, false, fmt.Errorf("look up request_id %s: %s", id, resp.Status)
+	}
+	a, ok := parseAnswer(b)
+	if !ok {
+		return orderAnswer{}, false, fmt.Errorf("look up request_id %s: an answer without an order: %.200s", id, b)
+	}
+	return a, true, nil
+}
