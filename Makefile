@@ -10,7 +10,7 @@ GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint-$(GOLANGCI_LINT_VER
 FUZZTIME ?= 30000x
 FUZZ_TARGETS := $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: run test build postgres-binaries promtool alert-rules check-fmt vet lint unit fuzz clean
+.PHONY: run test build postgres-binaries promtool alert-rules check-fmt vet lint unit fuzz chaos chaos-short clean
 
 ## run: install what is missing, then start the whole pipeline locally (orderpipe dev)
 # As root, PostgreSQL runs as the postgres account, which must reach the data
@@ -26,7 +26,7 @@ run: postgres-binaries build
 	exec env ORDERPIPE_DATA_DIR="$$data" ./bin/orderpipe dev
 
 ## test: gofmt, go vet, the pinned linter, the whole suite with -race (real servers), short fuzzing
-test: postgres-binaries check-fmt vet lint alert-rules unit fuzz
+test: postgres-binaries check-fmt vet lint alert-rules unit fuzz chaos-short
 
 build:
 	$(GO) build -o bin/orderpipe .
@@ -66,6 +66,15 @@ lint: $(GOLANGCI_LINT)
 
 unit:
 	$(GO) test -race -count=1 -timeout 12m ./...
+
+## chaos: the randomized fault checker on a 3-node NATS cluster (CHAOS_TIME=30m, CHAOS_SEED=… to replay)
+# Both variables are read by `orderpipe chaos` itself.
+chaos: postgres-binaries build
+	./bin/orderpipe chaos
+
+# The short run of `make test`: about 60s of faults, then the checks.
+chaos-short: postgres-binaries build
+	CHAOS_TIME=$${CHAOS_SHORT_TIME:-60s} ./bin/orderpipe chaos --quiesce 4m
 
 fuzz:
 	@set -e; for dir in $(FUZZ_TARGETS); do \
