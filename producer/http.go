@@ -82,6 +82,7 @@ type API struct {
 	svc      *Service
 	env      *app.Env
 	inflight chan struct{}
+	keys     *tenant.KeyCache
 
 	mu       sync.Mutex
 	limiters map[uuid.UUID]*rate.Limiter
@@ -101,7 +102,8 @@ func NewAPI(env *app.Env, opts Options) (http.Handler, *API) {
 }
 
 func newAPI(env *app.Env, svc *Service) (http.Handler, *API) {
-	a := &API{svc: svc, env: env, inflight: make(chan struct{}, svc.opts.MaxInFlight), limiters: map[uuid.UUID]*rate.Limiter{}}
+	a := &API{svc: svc, env: env, inflight: make(chan struct{}, svc.opts.MaxInFlight), limiters: map[uuid.UUID]*rate.Limiter{},
+		keys: tenant.NewKeyCache(5*time.Second, 10000)}
 	mux := http.NewServeMux()
 	guarded := func(h http.HandlerFunc) http.Handler { return a.bound(a.Authenticate(h)) }
 	mux.Handle("POST /v1/orders", guarded(a.create))
@@ -217,7 +219,7 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), a.svc.opts.Timeout)
-		c, err := tenant.Authenticate(ctx, a.env.Pool, key)
+		c, err := a.keys.Authenticate(ctx, a.env.Pool, key)
 		cancel()
 		if errors.Is(err, tenant.ErrUnauthenticated) {
 			a.unauthenticated(w, r, "unknown API key")

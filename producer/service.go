@@ -25,11 +25,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
-	"orderpipe/shared/failpoint"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
@@ -133,6 +131,7 @@ type Service struct {
 	env   *app.Env
 	opts  Options
 	relay *outbox.Relay
+	batch *batcher
 }
 
 // NewService returns the intake service on env.
@@ -143,7 +142,9 @@ func NewService(env *app.Env, opts Options) *Service {
 		relay = &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger,
 			PublishTimeout: opts.InlinePublishTimeout}
 	}
-	return &Service{env: env, opts: opts, relay: relay}
+	s := &Service{env: env, opts: opts, relay: relay}
+	s.batch = &batcher{s: s}
+	return s
 }
 
 // DecodeOptions returns the request rules of this deployment, for a caller
@@ -171,7 +172,7 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	}()
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	res, err := orderstore.Insert(ctx, s.env.Pool, clientID, req, orderstore.InsertOptions{NewOrderNo: s.opts.NewOrderNo})
+	res, err := s.batch.insert(ctx, clientID, req)
 	if res.OrderNoCollisions > 0 {
 		metrics.UniqueConflicts.WithLabelValues("order_no").Add(float64(res.OrderNoCollisions))
 		s.env.Logger.WarnContext(ctx, "order number collided and was replaced", slog.Int("collisions", res.OrderNoCollisions),
@@ -196,37 +197,7 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	}
 	outcome = metrics.OutcomeCreated
 	log.InfoContext(ctx, "order accepted", slog.String("order_no", res.Order.No))
-	if err := failpoint.Inject(FailAfterCommit); err != nil {
-		log.WarnContext(ctx, "accepted event left to the relay", slog.Any("error", err))
-		return res.Order, false, nil
-	}
-	s.publish(ctx, log, res.OutboxID)
 	return res.Order, false, nil
-}
-
-// publish sends the accepted event right after the commit. A failure is
-// logged, not returned: the order is committed and the relay publishes the
-// event later.
-func (s *Service) publish(ctx context.Context, log *slog.Logger, outboxID int64) {
-	if s.env.NC != nil && s.env.NC.Status() != nats.CONNECTED {
-		log.WarnContext(ctx, "NATS is not connected; accepted event left to the relay")
-		return
-	}
-	// Within what is left of the server deadline, but not cut short by a
-	// client that went away: the order is committed either way.
-	d := s.opts.InlinePublishTimeout
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-		d = time.Until(dl)
-	}
-	if d <= 0 {
-		log.WarnContext(ctx, "no time left for the inline publish; accepted event left to the relay")
-		return
-	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
-	defer cancel()
-	if err := s.relay.Publish(pctx, outboxID); err != nil {
-		log.WarnContext(ctx, "inline publish of the accepted event failed; left to the relay", slog.Any("error", err))
-	}
 }
 
 // Get returns a client's order by id (orderstore.ErrNotFound when it is

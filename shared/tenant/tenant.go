@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -117,3 +118,53 @@ func randomBytes(n int) []byte {
 }
 
 func randomB64(n int) string { return base64.RawURLEncoding.EncodeToString(randomBytes(n)) }
+
+// KeyCache remembers authenticated API keys for a short time, so that a
+// busy client costs one database lookup per TTL instead of one per request.
+// Unknown keys are not remembered. A key deleted from api_clients keeps
+// working for at most TTL in a process that cached it. Safe for concurrent
+// use; the zero value is not usable, use NewKeyCache.
+type KeyCache struct {
+	ttl time.Duration
+	max int
+	now func() time.Time
+
+	mu      sync.Mutex
+	entries map[[32]byte]cached
+}
+
+type cached struct {
+	c       Client
+	expires time.Time
+}
+
+// NewKeyCache returns a cache of at most max keys, each kept for ttl.
+func NewKeyCache(ttl time.Duration, max int) *KeyCache {
+	return &KeyCache{ttl: ttl, max: max, now: time.Now, entries: map[[32]byte]cached{}}
+}
+
+// Authenticate is the package's Authenticate through the cache.
+func (k *KeyCache) Authenticate(ctx context.Context, pool *pgxpool.Pool, apiKey string) (Client, error) {
+	if !strings.HasPrefix(apiKey, APIKeyPrefix) || len(apiKey) > 200 {
+		return Client{}, ErrUnauthenticated
+	}
+	h := HashKey(apiKey)
+	now := k.now()
+	k.mu.Lock()
+	e, ok := k.entries[h]
+	k.mu.Unlock()
+	if ok && now.Before(e.expires) {
+		return e.c, nil
+	}
+	c, err := Authenticate(ctx, pool, apiKey)
+	if err != nil {
+		return c, err
+	}
+	k.mu.Lock()
+	if len(k.entries) >= k.max {
+		clear(k.entries) // bounded: start again rather than grow
+	}
+	k.entries[h] = cached{c: c, expires: now.Add(k.ttl)}
+	k.mu.Unlock()
+	return c, nil
+}

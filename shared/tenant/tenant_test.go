@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/testenv"
@@ -40,5 +41,39 @@ func TestCreateAndAuthenticate(t *testing.T) {
 		if _, err := tenant.Create(ctx, db.Pool, bad); err == nil {
 			t.Errorf("Create(%q) accepted", bad)
 		}
+	}
+}
+
+// TestKeyCache: a known key is looked up once per TTL; an unknown or
+// malformed key is refused every time and never remembered.
+func TestKeyCache(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	c, err := tenant.Create(t.Context(), db.Pool, "cached")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := tenant.NewKeyCache(time.Hour, 10)
+	for range 3 {
+		got, err := k.Authenticate(t.Context(), db.Pool, c.APIKey)
+		if err != nil || got.ID != c.ClientID {
+			t.Fatalf("authenticate: %+v, %v", got, err)
+		}
+	}
+	// The row is gone, the cached key still answers within its TTL.
+	if _, err := db.Pool.Exec(t.Context(), `DELETE FROM api_clients WHERE client_id = $1`, c.ClientID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := k.Authenticate(t.Context(), db.Pool, c.APIKey); err != nil || got.ID != c.ClientID {
+		t.Fatalf("cached key: %+v, %v", got, err)
+	}
+	for _, bad := range []string{"", "nope", tenant.APIKeyPrefix + "unknown", strings.Repeat("k", 300)} {
+		if _, err := k.Authenticate(t.Context(), db.Pool, bad); !errors.Is(err, tenant.ErrUnauthenticated) {
+			t.Errorf("key %q: %v, want unauthenticated", bad, err)
+		}
+	}
+	fresh := tenant.NewKeyCache(time.Hour, 10)
+	if _, err := fresh.Authenticate(t.Context(), db.Pool, c.APIKey); !errors.Is(err, tenant.ErrUnauthenticated) {
+		t.Fatalf("a deleted key through a fresh cache: %v", err)
 	}
 }

@@ -1,0 +1,153 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"orderpipe/shared/failpoint"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderstore"
+)
+
+// Group commit. Concurrent create requests are written together: each
+// request joins a queue, and up to maxFlushers goroutines take whatever is
+// queued (at most maxBatch) and write it in one transaction
+// (orderstore.InsertBatch), then publish the batch's accepted events
+// together, then answer each request from the batch. Nothing waits on a
+// timer: at low load a batch is one request and goes at once; under load
+// requests queue behind a running flush and share the next commit, so the
+// cost of a commit (the WAL fsync) and of the round trips is paid once per
+// batch instead of once per request. A request is answered only after its
+// row committed.
+
+const (
+	maxBatch    = 256
+	maxFlushers = 2
+)
+
+type job struct {
+	ctx      context.Context
+	clientID uuid.UUID
+	req      order.CreateRequest
+	done     chan orderstore.BatchResult
+}
+
+type batcher struct {
+	s        *Service
+	mu       sync.Mutex
+	queue    []*job
+	flushing int
+}
+
+// insert writes one create request in the next batch and returns its
+// result.
+func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (orderstore.Inserted, error) {
+	j := &job{ctx: ctx, clientID: clientID, req: req, done: make(chan orderstore.BatchResult, 1)}
+	b.mu.Lock()
+	b.queue = append(b.queue, j)
+	if b.flushing < maxFlushers {
+		b.flushing++
+		go b.flushLoop()
+	}
+	b.mu.Unlock()
+	select {
+	case r := <-j.done:
+		return r.Inserted, r.Err
+	case <-ctx.Done():
+		// The batch may still commit it: the client's retry is replayed.
+		return orderstore.Inserted{}, ctx.Err()
+	}
+}
+
+func (b *batcher) flushLoop() {
+	for {
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.flushing--
+			b.mu.Unlock()
+			return
+		}
+		n := min(len(b.queue), maxBatch)
+		batch := append([]*job(nil), b.queue[:n]...)
+		b.queue = append(b.queue[:0:0], b.queue[n:]...)
+		b.mu.Unlock()
+		b.flush(batch)
+	}
+}
+
+// flush writes one batch and answers its requests.
+func (b *batcher) flush(batch []*job) {
+	s := b.s
+	live := batch[:0:0]
+	var deadline time.Time
+	for _, j := range batch {
+		if err := j.ctx.Err(); err != nil {
+			j.done <- orderstore.BatchResult{Err: err}
+			continue
+		}
+		live = append(live, j)
+		if dl, ok := j.ctx.Deadline(); ok && dl.After(deadline) {
+			deadline = dl
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	if deadline.IsZero() {
+		deadline = time.Now().Add(s.opts.Timeout)
+	}
+	// The batch outlives a request that gives up: its row may commit, and
+	// the client's retry is answered from it.
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(live[0].ctx), deadline)
+	defer cancel()
+	items := make([]orderstore.NewOrder, len(live))
+	for i, j := range live {
+		items[i] = orderstore.NewOrder{Ctx: j.ctx, ClientID: j.clientID, Req: j.req}
+	}
+	res, err := orderstore.InsertBatch(ctx, s.env.Pool, items, s.opts.NewOrderNo)
+	if err != nil {
+		if len(live) == 1 || errors.Is(err, context.DeadlineExceeded) {
+			for _, j := range live {
+				j.done <- orderstore.BatchResult{Err: err}
+			}
+			return
+		}
+		// One bad request must not fail the others: write each alone.
+		s.env.Logger.Warn("batch insert failed; writing its requests one by one", slog.Int("requests", len(live)), slog.Any("error", err))
+		for _, j := range live {
+			b.flush([]*job{j})
+		}
+		return
+	}
+	var publish []int64
+	for i, j := range live {
+		if res[i].Retry {
+			// Its order number collided: the one-request path retries.
+			r, err := orderstore.Insert(ctx, s.env.Pool, j.clientID, j.req, orderstore.InsertOptions{NewOrderNo: s.opts.NewOrderNo})
+			res[i].Inserted, res[i].Err = r, err
+			res[i].OrderNoCollisions++
+		}
+		if res[i].Err == nil && !res[i].Replayed && res[i].OutboxID != 0 {
+			publish = append(publish, res[i].OutboxID)
+		}
+	}
+	if len(publish) > 0 {
+		if err := failpoint.Inject(FailAfterCommit); err != nil {
+			s.env.Logger.Warn("accepted events left to the relay", slog.Any("error", err))
+		} else {
+			pctx, pcancel := context.WithTimeout(ctx, s.opts.InlinePublishTimeout)
+			if err := s.relay.Publish(pctx, publish...); err != nil {
+				s.env.Logger.Warn("inline publish of accepted events failed; left to the relay", slog.Int("events", len(publish)), slog.Any("error", err))
+			}
+			pcancel()
+		}
+	}
+	for i, j := range live {
+		j.done <- res[i]
+	}
+}

@@ -1,0 +1,67 @@
+package orderstore_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderstore"
+	"orderpipe/shared/testenv"
+)
+
+// TestInsertBatch: one transaction for many requests. New requests get new
+// orders with their history and accepted event; a request_id repeated in
+// the same batch is one order (the others replay it, or get
+// ErrRequestIDReused with another payload); one stored before is replayed;
+// a colliding order number asks for a retry.
+func TestInsertBatch(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := t.Context()
+	client := newClient(t, db.Pool)
+	if _, err := orderstore.Insert(ctx, db.Pool, client, request(t, "old", `"39.98"`), orderstore.InsertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []orderstore.NewOrder{
+		{Ctx: ctx, ClientID: client, Req: request(t, "a", `"39.98"`)},
+		{Ctx: ctx, ClientID: client, Req: request(t, "b", `"39.98"`)},
+		{Ctx: ctx, ClientID: client, Req: request(t, "a", `"39.98"`)}, // same as the first
+		{Ctx: ctx, ClientID: client, Req: request(t, "a", `"1.00"`)},  // same key, other payload
+		{Ctx: ctx, ClientID: client, Req: request(t, "old", `"39.98"`)},
+	}
+	res, err := orderstore.InsertBatch(ctx, db.Pool, reqs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil || res[0].Replayed || res[0].OutboxID == 0 || res[1].Err != nil || res[1].Replayed || res[1].OutboxID == 0 {
+		t.Fatalf("new requests: %+v / %+v", res[0], res[1])
+	}
+	if res[2].Err != nil || !res[2].Replayed || res[2].Order.ID != res[0].Order.ID || !res[2].RequestIDConflict {
+		t.Fatalf("repeat in the batch: %+v", res[2])
+	}
+	if !errors.Is(res[3].Err, order.ErrRequestIDReused) {
+		t.Fatalf("other payload: %+v", res[3])
+	}
+	if res[4].Err != nil || !res[4].Replayed {
+		t.Fatalf("stored before: %+v", res[4])
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM orders`); n != 3 {
+		t.Fatalf("%d orders, want 3", n)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM order_events`); n != 3 {
+		t.Fatalf("%d history rows, want 3", n)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM outbox WHERE order_id IS NOT NULL`); n != 3 {
+		t.Fatalf("%d outbox rows, want 3", n)
+	}
+	// Every order number the same: all but the first collide.
+	same := func(time.Time) string { return "ORD-SAME" }
+	res, err = orderstore.InsertBatch(ctx, db.Pool, []orderstore.NewOrder{
+		{Ctx: ctx, ClientID: client, Req: request(t, "c", `"39.98"`)},
+		{Ctx: ctx, ClientID: client, Req: request(t, "d", `"39.98"`)},
+	}, same)
+	if err != nil || res[0].Err != nil || res[0].Retry || !res[1].Retry {
+		t.Fatalf("order number collision: %+v, %v", res, err)
+	}
+}
