@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"orderpipe/consumers"
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
@@ -19,6 +18,7 @@ import (
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/redelivery"
 )
 
 // flags are the command line of `orderpipe compensator`.
@@ -92,7 +92,7 @@ func Command() cli.Command {
 		Summary: "find orders stuck in a non-terminal state; re-drive them or unwind them (cancel, release stock, refund); sweep dedupe rows",
 		Usage:   "[--once] [--dry-run] [--force] [--stuck-after D | --stuck-processing D --stuck-reserved D --stuck-paid D] [--max-attempts N] [--interval D] [--batch-size N] [--dedupe-retention D]",
 		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, config.EnvShutdownTimeout,
-			consumers.EnvAckWait, consumers.EnvMaxDeliver),
+			redelivery.EnvAckWait, redelivery.EnvMaxDeliver),
 		Setup: f.setup,
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {

@@ -50,7 +50,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"orderpipe/consumers/inventory"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
@@ -58,6 +57,7 @@ import (
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/stock"
 	"orderpipe/shared/tracing"
 )
 
@@ -676,7 +676,7 @@ func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder, a Act
 	if tag.RowsAffected() == 0 {
 		return c.skip(o, "the order changed since it was read"), 0, nil
 	}
-	if _, err := inventory.Release(ctx, tx, o.ID); err != nil {
+	if _, err := stock.Release(ctx, tx, o.ID); err != nil {
 		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
 	}
 	if err := markRefundDue(ctx, tx, o.ID); err != nil {

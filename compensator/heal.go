@@ -38,6 +38,8 @@ type streamView struct {
 	created     time.Time
 	deleted     uint64
 	stream      jetstream.Stream
+	// before: only events published before it are judged.
+	before time.Time
 }
 
 func (c *Compensator) viewStream(ctx context.Context) (streamView, error) {
@@ -69,11 +71,18 @@ func (c *Compensator) heal(ctx context.Context, res *Result) error {
 	if c.relay == nil || c.relay.JS == nil {
 		return nil
 	}
-	// Read after the pass's own publishes, so that they are in the view.
+	// Only events stamped before the view is read are judged by it: their
+	// acks came before, so the stream must hold them (another
+	// compensator's or relay's publish racing this pass is not "lost").
+	var before time.Time
+	if err := c.pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
+		return fmt.Errorf("heal events the broker lost: %w", err)
+	}
 	view, err := c.viewStream(ctx)
 	if err != nil {
 		return err
 	}
+	view.before = before
 	var actions []Action
 	var outboxIDs []int64
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
@@ -132,12 +141,12 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 		              WHERE order_id = o.order_id ORDER BY id DESC LIMIT 1) x ON true
 		WHERE o.status IN ('processing', 'reserved', 'paid')
 		  AND greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)) < now() - make_interval(secs => $1::float8)
-		  AND x.published_at IS NOT NULL AND x.stream_seq IS NOT NULL
+		  AND x.published_at IS NOT NULL AND x.stream_seq IS NOT NULL AND x.published_at < $7
 		  AND (x.published_at < $2 OR x.stream_seq < $3 OR x.stream_seq > $4 OR $5)
 		ORDER BY o.order_id
 		LIMIT $6
 		FOR UPDATE OF o SKIP LOCKED`,
-		c.cfg.OutboxMinAge.Seconds(), view.created, int64(view.first), int64(view.last), view.deleted > 0, c.cfg.BatchSize)
+		c.cfg.OutboxMinAge.Seconds(), view.created, int64(view.first), int64(view.last), view.deleted > 0, c.cfg.BatchSize, view.before)
 	if err != nil {
 		return nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
 	}

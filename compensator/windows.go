@@ -4,17 +4,17 @@ import (
 	"fmt"
 	"time"
 
-	"orderpipe/consumers"
+	"orderpipe/shared/redelivery"
 )
 
-// ConsumerHorizon is the consumers' RetryHorizon with their configuration as
+// ConsumerHorizon is the consumers' redelivery horizon with their policy as
 // this process's environment sets it (ORDERPIPE_CONSUMER_ACK_WAIT,
 // ORDERPIPE_CONSUMER_MAX_DELIVER; the same variables as `orderpipe
 // consumers` must be given to the compensator).
 func ConsumerHorizon() (time.Duration, error) {
-	cfg, err := consumers.ConfigFromEnv(0)
+	p, err := redelivery.FromEnv()
 	if err != nil {
-		return 0, fmt.Errorf("consumers' configuration: %w", err)
+		return 0, fmt.Errorf("consumers' redelivery policy: %w", err)
 	}
-	return cfg.RetryHorizon(), nil
+	return p.Horizon(), nil
 }

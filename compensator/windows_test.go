@@ -5,12 +5,12 @@ import (
 	"time"
 
 	"orderpipe/compensator"
-	"orderpipe/consumers"
+	"orderpipe/shared/redelivery"
 )
 
 func TestDefaultsFitTheConsumersDefaults(t *testing.T) {
 	t.Parallel()
-	h := consumers.Default().RetryHorizon()
+	h := redelivery.Default().Horizon()
 	// 8 deliveries of up to 2m, then waits of max(nak, ack backoff):
 	// 30s, 1m, 2m, 4m, 5m, 5m, 5m.
 	if want := 16*time.Minute + 22*time.Minute + 30*time.Second; h != want {
@@ -26,10 +26,10 @@ func TestDefaultsFitTheConsumersDefaults(t *testing.T) {
 	if cfg.StuckPaid <= h {
 		t.Fatal("deadline inside the horizon")
 	}
-	c := consumers.Default()
+	c := redelivery.Default()
 	c.MaxDeliver = 20
 	c.AckWait = time.Minute
-	if _, err := (compensator.Config{ConsumerHorizon: c.RetryHorizon()}).Validate(); err == nil {
+	if _, err := (compensator.Config{ConsumerHorizon: c.Horizon()}).Validate(); err == nil {
 		t.Fatal("a longer consumer horizon should not fit the default deadlines")
 	}
 }

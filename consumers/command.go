@@ -12,13 +12,14 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"orderpipe/consumers/inventory"
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/devenv"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/redelivery"
+	"orderpipe/shared/stock"
 	"orderpipe/shared/webhook"
 )
 
@@ -28,7 +29,7 @@ func Command() cli.Command {
 	return cli.Command{
 		Name:    "consumers",
 		Summary: "run the pipeline steps (stock, payment, confirmation) on durable JetStream consumers",
-		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, EnvAckWait, EnvMaxDeliver,
+		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, redelivery.EnvAckWait, redelivery.EnvMaxDeliver,
 			EnvWorkers, config.EnvStreamReplicas, config.EnvShutdownTimeout),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
@@ -80,7 +81,7 @@ func Command() cli.Command {
 func DevPart() devenv.Part {
 	return devenv.Part{
 		Name: "consumers",
-		Seed: inventory.Seed,
+		Seed: stock.Seed,
 		Start: func(ctx context.Context, env *app.Env) (func() error, error) {
 			cfg, err := ConfigFromEnv(env.Config.ShutdownTimeout)
 			if err != nil {
@@ -230,7 +231,7 @@ func InventoryCommand() cli.Command {
 				if qty, err = strconv.ParseInt(inv.Args[2], 10, 64); err != nil || qty < 0 {
 					return cli.Usagef("QTY must be a whole number >= 0, got %q", inv.Args[2])
 				}
-				if err := inventory.ValidSKU(sku); err != nil {
+				if err := stock.ValidSKU(sku); err != nil {
 					return cli.Usagef("%v", err)
 				}
 			case "list":
@@ -246,13 +247,13 @@ func InventoryCommand() cli.Command {
 			}
 			defer pool.Close()
 			if inv.Args[0] == "set" {
-				if err := inventory.Set(ctx, pool, sku, qty); err != nil {
+				if err := stock.Set(ctx, pool, sku, qty); err != nil {
 					return err
 				}
 				fmt.Fprintf(inv.Stdout, "%s: %d available\n", sku, qty)
 				return nil
 			}
-			levels, err := inventory.List(ctx, pool)
+			levels, err := stock.List(ctx, pool)
 			if err != nil {
 				return err
 			}

@@ -240,7 +240,7 @@ func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 		if !permanent && delivered < p.cfg.MaxDeliver {
 			metrics.HandlerMessages.WithLabelValues(name, metrics.HandlerRetried).Inc()
 			Logger(msg.Context()).WarnContext(msg.Context(), "step failed, will be redelivered", slog.Any("error", err),
-				slog.Duration("in", p.cfg.redeliveryDelay(delivered)))
+				slog.Duration("in", p.cfg.Delay(delivered)))
 			return nil, err
 		}
 		reason := err.Error()

@@ -75,7 +75,7 @@ func consumerConfig(name string, subjects []string, cfg Config) jetstream.Consum
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        cfg.AckWait,
-		BackOff:        cfg.ackBackOff(),
+		BackOff:        cfg.AckBackOff(),
 		MaxDeliver:     cfg.MaxDeliver,
 		MaxAckPending:  cfg.MaxAckPending,
 		ReplayPolicy:   jetstream.ReplayInstantPolicy,
@@ -255,7 +255,7 @@ func (s *subscriber) handle(m jetstream.Msg, out chan<- *message.Message) {
 			}
 			return
 		case <-wm.Nacked():
-			delay := s.cfg.redeliveryDelay(int(md.NumDelivered))
+			delay := s.cfg.Delay(int(md.NumDelivered))
 			if err := m.NakWithDelay(delay); err != nil {
 				s.logger.Warn("nak", slog.String("consumer", s.cc.Durable), slog.String("msg_id", uuid), slog.Any("error", err))
 			}

@@ -12,6 +12,7 @@ import (
 	"orderpipe/consumers/pipetest"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/stock"
 	"orderpipe/shared/testenv"
 )
 
@@ -56,7 +57,7 @@ func TestReserveAllOrNoneAndReleaseOnce(t *testing.T) {
 			defer wg.Done()
 			err := pgx.BeginFunc(context.Background(), e.DB.Pool, func(tx pgx.Tx) error {
 				var err error
-				released[i], err = inventory.Release(context.Background(), tx, first)
+				released[i], err = stock.Release(context.Background(), tx, first)
 				return err
 			})
 			if err != nil {
@@ -81,16 +82,16 @@ func TestSetListSeed(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
 	ctx := context.Background()
-	if err := inventory.Seed(ctx, db.Pool); err != nil {
+	if err := stock.Seed(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	if err := inventory.Set(ctx, db.Pool, "SKU-1", 7); err != nil {
+	if err := stock.Set(ctx, db.Pool, "SKU-1", 7); err != nil {
 		t.Fatal(err)
 	}
-	if err := inventory.Seed(ctx, db.Pool); err != nil { // leaves SKU-1 alone
+	if err := stock.Seed(ctx, db.Pool); err != nil { // leaves SKU-1 alone
 		t.Fatal(err)
 	}
-	levels, err := inventory.List(ctx, db.Pool)
+	levels, err := stock.List(ctx, db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +99,11 @@ func TestSetListSeed(t *testing.T) {
 		t.Fatalf("levels: %d, first %+v, last %+v", len(levels), levels[0], levels[len(levels)-1])
 	}
 	for _, bad := range []string{"", "a b", "x\n", string(make([]byte, 65))} {
-		if err := inventory.Set(ctx, db.Pool, bad, 1); err == nil {
+		if err := stock.Set(ctx, db.Pool, bad, 1); err == nil {
 			t.Errorf("Set(%q) accepted", bad)
 		}
 	}
-	if err := inventory.Set(ctx, db.Pool, "SKU-2", -1); err == nil {
+	if err := stock.Set(ctx, db.Pool, "SKU-2", -1); err == nil {
 		t.Error("negative stock accepted")
 	}
 }

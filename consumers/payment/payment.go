@@ -31,7 +31,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"orderpipe/consumers/inventory"
 	"orderpipe/consumers/step"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
@@ -39,6 +38,7 @@ import (
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/stock"
 )
 
 // Name is the step's durable consumer name.
@@ -136,7 +136,7 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 		if ans.Status == psp.StatusSucceeded && refusal == "" {
 			moved, err = orderstore.Transition(ctx, tx, id, order.StatusReserved, order.StatusPaid, "")
 		} else {
-			if _, err := inventory.Release(ctx, tx, id); err != nil {
+			if _, err := stock.Release(ctx, tx, id); err != nil {
 				return nil, err
 			}
 			reason := refusal

@@ -16,6 +16,7 @@ import (
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/stock"
 	"orderpipe/shared/testenv"
 )
 
@@ -43,7 +44,7 @@ func unwind(t *testing.T, e *pipetest.Env, id uuid.UUID, from order.Status) {
 		if !moved.OK {
 			t.Fatalf("unwind: order is %s, not %s", moved.Current, from)
 		}
-		_, err = inventory.Release(ctx, tx, id)
+		_, err = stock.Release(ctx, tx, id)
 		return err
 	})
 	if err != nil {

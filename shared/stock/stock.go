@@ -1,0 +1,207 @@
+// Package stock owns the inventory and reservations tables: what is
+// available per SKU, and what each order holds. The stock step
+// (consumers/inventory) reserves through Reserve; the payment step and the
+// compensator give an order's stock back through Release, exactly once.
+//
+// Stock is conserved: for every SKU, the initial quantity equals available
+// plus the quantities of reservations not released.
+package stock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"orderpipe/shared/order"
+)
+
+// Line is one SKU of an order, summed over its items.
+type Line struct {
+	SKU string
+	Qty int64
+}
+
+// Lines reads an order's items, summed per SKU and sorted by SKU (the lock
+// order, so that two orders never deadlock on the same rows).
+func Lines(raw []byte) ([]Line, error) {
+	var items []order.Item
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, err
+	}
+	if len(items) == 0 {
+		return nil, errors.New("no items")
+	}
+	sum := map[string]int64{}
+	for _, it := range items {
+		if it.SKU == "" || it.Quantity <= 0 {
+			return nil, fmt.Errorf("bad item %+v", it)
+		}
+		sum[it.SKU] += int64(it.Quantity)
+	}
+	out := make([]Line, 0, len(sum))
+	for sku, q := range sum {
+		out = append(out, Line{sku, q})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].SKU < out[j].SKU })
+	return out, nil
+}
+
+// Reserve takes every line of an order from the stock, or none, in the
+// caller's transaction: it locks the SKUs' rows in SKU order (so that two
+// orders never deadlock), and returns the problems (unknown SKU, out of
+// stock) when one line cannot be served, having taken nothing.
+func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, ls []Line) (problems []string, err error) {
+	skus := make([]string, len(ls))
+	for i, l := range ls {
+		skus[i] = l.SKU
+	}
+	rows, err := tx.Query(ctx, `SELECT sku, available FROM inventory WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`, skus)
+	if err != nil {
+		return nil, fmt.Errorf("lock stock of order %s: %w", orderID, err)
+	}
+	avail := map[string]int64{}
+	for rows.Next() {
+		var sku string
+		var n int64
+		if err := rows.Scan(&sku, &n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		avail[sku] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock stock of order %s: %w", orderID, err)
+	}
+	for _, l := range ls {
+		n, ok := avail[l.SKU]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("unknown sku %s", l.SKU))
+		case n < l.Qty:
+			problems = append(problems, fmt.Sprintf("out of stock: %s (wanted %d, available %d)", l.SKU, l.Qty, n))
+		}
+	}
+	if len(problems) > 0 {
+		return problems, nil
+	}
+	for _, l := range ls {
+		if _, err := tx.Exec(ctx, `UPDATE inventory SET available = available - $2, updated_at = now() WHERE sku = $1`, l.SKU, l.Qty); err != nil {
+			return nil, fmt.Errorf("take %d of %s for order %s: %w", l.Qty, l.SKU, orderID, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO reservations (order_id, sku, quantity) VALUES ($1, $2, $3)`, orderID, l.SKU, l.Qty); err != nil {
+			return nil, fmt.Errorf("reserve %s for order %s: %w", l.SKU, orderID, err)
+		}
+	}
+	return nil, nil
+}
+
+// Release gives back the stock that an order still holds, in the caller's
+// transaction, and returns how many reservation lines it released. Each
+// line is released exactly once however often Release runs (released_at is
+// set by a conditional update), so the compensator and the payment step
+// may both call it.
+func Release(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (int, error) {
+	rows, err := tx.Query(ctx, `
+		UPDATE reservations SET released_at = now()
+		WHERE order_id = $1 AND released_at IS NULL
+		RETURNING sku, quantity`, orderID)
+	if err != nil {
+		return 0, fmt.Errorf("release stock of order %s: %w", orderID, err)
+	}
+	var ls []Line
+	for rows.Next() {
+		var l Line
+		if err := rows.Scan(&l.SKU, &l.Qty); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ls = append(ls, l)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("release stock of order %s: %w", orderID, err)
+	}
+	sort.Slice(ls, func(i, j int) bool { return ls[i].SKU < ls[j].SKU })
+	for _, l := range ls {
+		if _, err := tx.Exec(ctx, `UPDATE inventory SET available = available + $2, updated_at = now() WHERE sku = $1`, l.SKU, l.Qty); err != nil {
+			return 0, fmt.Errorf("give back %d of %s from order %s: %w", l.Qty, l.SKU, orderID, err)
+		}
+	}
+	return len(ls), nil
+}
+
+// skuRe is what `inventory set` accepts as a SKU.
+var skuRe = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// ErrBadSKU is returned for a SKU outside [A-Za-z0-9._:-]{1,64}.
+var ErrBadSKU = errors.New("sku must be 1-64 characters of A-Z a-z 0-9 . _ : -")
+
+// ValidSKU returns ErrBadSKU for a SKU that Set refuses.
+func ValidSKU(sku string) error {
+	if !skuRe.MatchString(sku) {
+		return ErrBadSKU
+	}
+	return nil
+}
+
+// Set sets the available quantity of a SKU (creating it).
+func Set(ctx context.Context, pool *pgxpool.Pool, sku string, available int64) error {
+	if err := ValidSKU(sku); err != nil {
+		return err
+	}
+	if available < 0 {
+		return errors.New("quantity must not be negative")
+	}
+	_, err := pool.Exec(ctx, `
+		INSERT INTO inventory (sku, available) VALUES ($1, $2)
+		ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available, updated_at = now()`, sku, available)
+	if err != nil {
+		return fmt.Errorf("set stock of %s: %w", sku, err)
+	}
+	return nil
+}
+
+// Level is one SKU's stock.
+type Level struct {
+	SKU       string `json:"sku"`
+	Available int64  `json:"available"`
+	Reserved  int64  `json:"reserved"`
+}
+
+// List returns every SKU with its available and held quantities.
+func List(ctx context.Context, pool *pgxpool.Pool) ([]Level, error) {
+	rows, err := pool.Query(ctx, `
+		SELECT i.sku, i.available, coalesce(sum(r.quantity) FILTER (WHERE r.released_at IS NULL), 0)::bigint
+		FROM inventory i LEFT JOIN reservations r ON r.sku = i.sku
+		GROUP BY i.sku, i.available
+		ORDER BY length(i.sku), i.sku`)
+	if err != nil {
+		return nil, fmt.Errorf("list stock: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Level, error) {
+		var l Level
+		err := r.Scan(&l.SKU, &l.Available, &l.Reserved)
+		return l, err
+	})
+}
+
+// Seed stocks SKU-1 … SKU-100 with 1,000,000 units each, leaving SKUs that
+// exist alone (the dev seed).
+func Seed(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, `
+		INSERT INTO inventory (sku, available)
+		SELECT 'SKU-' || n, 1000000 FROM generate_series(1, 100) AS n
+		ON CONFLICT (sku) DO NOTHING`)
+	if err != nil {
+		return fmt.Errorf("seed inventory: %w", err)
+	}
+	return nil
+}
