@@ -196,6 +196,9 @@ func (s *statusOnly) Write(b []byte) (int, error) {
 
 // bound refuses a request at once (503, code 103) when MaxInFlight are
 // being handled.
+// InFlight is how many requests hold a slot of the in-flight bound now.
+func (a *API) InFlight() int { return len(a.inflight) }
+
 func (a *API) bound(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {

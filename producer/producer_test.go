@@ -34,6 +34,7 @@ type harness struct {
 	js    jetstream.JetStream
 	topo  orderevent.Topology
 	srv   *httptest.Server
+	api   *producer.API
 	creds tenant.Credentials
 }
 
@@ -46,7 +47,8 @@ func setup(t *testing.T, opts producer.Options) *harness {
 		Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry(),
 	}
 	h := &harness{t: t, env: env, pool: db.Pool, js: n.JS, topo: n.Topology}
-	h.srv = newServer(t, producer.Handler(env, opts))
+	handler, api := producer.NewAPI(env, opts)
+	h.srv, h.api = newServer(t, handler), api
 	h.creds = h.newClient("shop")
 	return h
 }
@@ -402,11 +404,13 @@ func TestInFlightBound(t *testing.T) {
 	if _, err := pw.Write([]byte(`{"request_id":"held",`)); err != nil { // the handler is reading: the slot is taken
 		t.Fatal(err)
 	}
-	var r response
-	testenv.WaitFor(t, 10*time.Second, "a 503 while the slot is held", func() bool {
-		r = h.do("GET", "/v1/orders/"+uuid.NewString(), "")
-		return r.status == http.StatusServiceUnavailable
-	})
+	// Wait for the event (the held request took the slot), not for time:
+	// on a busy machine the request may take long to reach the handler.
+	testenv.WaitFor(t, 2*time.Minute, "the held request in its slot", func() bool { return h.api.InFlight() == 1 })
+	r := h.do("GET", "/v1/orders/"+uuid.NewString(), "")
+	if r.status != http.StatusServiceUnavailable {
+		t.Fatalf("with the slot held: %d, want 503", r.status)
+	}
 	if r.code(t) != 103 || r.header.Get("Retry-After") == "" || r.json(t)["retryable"] != true {
 		t.Fatalf("%d %v %s", r.status, r.header, r.body)
 	}
