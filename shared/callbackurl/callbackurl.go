@@ -269,3 +269,54 @@ func isASCII(s string) bool {
 	}
 	return true
 }
+
+// Redacted replaces a callback URL's query, user info and fragment, where
+// clients put tokens, in what is logged or stored about a delivery.
+const Redacted = "REDACTED"
+
+// Redact returns raw fit for logs and error columns: the scheme, host and
+// path kept, the query (if any) replaced by REDACTED, user info replaced
+// by REDACTED, the fragment dropped. Text that does not parse as a URL is
+// replaced as a whole.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL " + Redacted + ")"
+	}
+	if u.Opaque != "" {
+		return u.Scheme + ":" + Redacted
+	}
+	if u.User != nil {
+		u.User = url.User(Redacted)
+	}
+	if u.RawQuery != "" || u.ForceQuery {
+		u.RawQuery, u.ForceQuery = Redacted, false
+	}
+	u.Fragment, u.RawFragment = "", ""
+	return u.String()
+}
+
+// Scrub returns msg with every occurrence of the callback URL raw (as
+// given and as net/http prints it) replaced by Redact(raw), and its query
+// ("?…") and user info ("…@") replaced wherever they still appear.
+func Scrub(msg, raw string) string {
+	if raw == "" {
+		return msg
+	}
+	red := Redact(raw)
+	msg = strings.ReplaceAll(msg, raw, red)
+	u, err := url.Parse(raw)
+	if err != nil {
+		return msg
+	}
+	if s := u.String(); s != raw {
+		msg = strings.ReplaceAll(msg, s, red)
+	}
+	if u.RawQuery != "" {
+		msg = strings.ReplaceAll(msg, "?"+u.RawQuery, "?"+Redacted)
+	}
+	if u.User != nil {
+		msg = strings.ReplaceAll(msg, u.User.String()+"@", Redacted+"@")
+	}
+	return msg
+}

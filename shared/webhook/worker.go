@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"orderpipe/shared/callbackurl"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/tracing"
 )
@@ -288,7 +290,7 @@ func Send(ctx context.Context, client *http.Client, allowPrivate bool, d Deliver
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(d.Payload))
 	if err != nil {
-		return Result{Err: fmt.Errorf("build request: %w", err), Permanent: true}
+		return Result{Err: fmt.Errorf("build request: %w", redactURLError(err, d.URL)), Permanent: true}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "orderpipe-webhooks/1")
@@ -305,7 +307,7 @@ func Send(ctx context.Context, client *http.Client, allowPrivate bool, d Deliver
 	start := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
-		return Result{Latency: time.Since(start), Err: err}
+		return Result{Latency: time.Since(start), Err: redactURLError(err, d.URL)}
 	}
 	_, rerr := io.Copy(io.Discard, io.LimitReader(resp.Body, MaxResponseBody))
 	_ = resp.Body.Close()
@@ -320,6 +322,27 @@ func Send(ctx context.Context, client *http.Client, allowPrivate bool, d Deliver
 	}
 	return r
 }
+
+// redactURLError keeps the callback URL's query and user info (tokens)
+// out of an error from net/http, whose *url.Error names the URL: the
+// error is rebuilt with the URL redacted, what it wraps kept for
+// errors.Is and errors.As.
+func redactURLError(err error, raw string) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return &url.Error{Op: ue.Op, URL: callbackurl.Redact(ue.URL), Err: scrubbed{ue.Err, raw}}
+	}
+	return scrubbed{err, raw}
+}
+
+// scrubbed is an error whose message has the callback URL scrubbed.
+type scrubbed struct {
+	err error
+	raw string
+}
+
+func (s scrubbed) Error() string { return callbackurl.Scrub(s.err.Error(), s.raw) }
+func (s scrubbed) Unwrap() error { return s.err }
 
 func (w *Worker) send(ctx context.Context, c claimed) {
 	attempt := c.Attempts + 1
@@ -353,7 +376,7 @@ func (w *Worker) send(ctx context.Context, c claimed) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := w.record(rctx, c.WebhookID, attempt, r, status, wait); err != nil {
+	if err := w.record(rctx, c.WebhookID, c.URL, attempt, r, status, wait); err != nil {
 		// The lease ends and the row is claimed again: one extra send, same id.
 		log.ErrorContext(ctx, "record webhook attempt", slog.Any("error", err))
 	}
@@ -365,14 +388,14 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
 }
 
-func (w *Worker) record(ctx context.Context, id string, attempt int, r Result, status Status, wait time.Duration) error {
+func (w *Worker) record(ctx context.Context, id, rawURL string, attempt int, r Result, status Status, wait time.Duration) error {
 	var code *int
 	if r.StatusCode != 0 {
 		code = &r.StatusCode
 	}
 	var msg *string
 	if r.Err != nil {
-		s := r.Err.Error()
+		s := callbackurl.Scrub(r.Err.Error(), rawURL) // Send redacts already; a last guard for the column
 		if len(s) > 1000 {
 			s = s[:1000]
 		}
