@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/url"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+
+	"orderpipe/shared/callbackurl"
 )
 
 // Limits of a create-order request. The HTTP layer, the MCP tool schema and
@@ -26,7 +26,7 @@ const (
 	// MaxSKULen is the longest SKU accepted.
 	MaxSKULen = 64
 	// MaxCallbackURLLen is the longest callback URL accepted.
-	MaxCallbackURLLen = 2048
+	MaxCallbackURLLen = callbackurl.MaxLen
 	// MaxAmountCents bounds an amount (exclusive), in hundredths: amounts
 	// are below 10^15 units of the currency.
 	MaxAmountCents = int64(1e17)
@@ -325,51 +325,15 @@ func decodeItems(ve *ValidationError, raw json.RawMessage) []Item {
 	return items
 }
 
-// ValidateCallbackURL checks a callback URL: absolute, https (http too when
-// private callbacks are allowed), a host, no user info, no fragment, at
-// most MaxCallbackURLLen bytes; and, unless private callbacks are allowed,
-// not a literal loopback, private, link-local or unspecified address nor
-// "localhost". (Names that resolve to such addresses are refused by the
-// notifier when it delivers.)
+// ValidateCallbackURL checks a callback URL by the rule delivery applies
+// (callbackurl.Check): absolute https (http too when private callbacks are
+// allowed), a host, no user info, no fragment, at most MaxCallbackURLLen
+// bytes, no host that only a browser reads as an IPv4 address ("127.1");
+// and, unless private callbacks are allowed, no IP literal outside the
+// public unicast ranges and no "localhost". (Names that resolve to such
+// addresses are refused by the notifier when it dials.)
 func ValidateCallbackURL(raw string, allowPrivate bool) error {
-	if len(raw) > MaxCallbackURLLen {
-		return fmt.Errorf("must be at most %d bytes", MaxCallbackURLLen)
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return errors.New("is not a valid URL")
-	}
-	switch {
-	case u.Scheme == "https":
-	case u.Scheme == "http" && allowPrivate:
-	case u.Scheme == "http":
-		return errors.New("must use https")
-	default:
-		return errors.New("must be an absolute https URL")
-	}
-	if u.Host == "" || u.Hostname() == "" || u.Opaque != "" {
-		return errors.New("must have a host")
-	}
-	if u.User != nil {
-		return errors.New("must not carry user info")
-	}
-	if u.Fragment != "" || strings.Contains(raw, "#") {
-		return errors.New("must not have a fragment")
-	}
-	if allowPrivate {
-		return nil
-	}
-	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
-		return errors.New("must not point at localhost")
-	}
-	if ip := net.ParseIP(host); ip != nil {
-		if ip.IsLoopback() || ip.IsPrivate() || ip.IsUnspecified() || ip.IsLinkLocalUnicast() ||
-			ip.IsLinkLocalMulticast() || ip.IsMulticast() || ip.IsInterfaceLocalMulticast() {
-			return errors.New("must not point at a loopback, private, link-local or multicast address")
-		}
-	}
-	return nil
+	return callbackurl.Check(raw, allowPrivate)
 }
 
 // canonicalPayload is what the fingerprint hashes: the normalised payload

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"orderpipe/shared/app"
+	"orderpipe/shared/callbackurl"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/devenv"
@@ -130,7 +131,7 @@ func runCommand(ctx context.Context, inv cli.Invocation) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(inv.Stdout, "%s queued again for %s (order %s, seq %d)\n", d.WebhookID, d.URL, d.OrderID, d.Seq)
+			fmt.Fprintf(inv.Stdout, "%s queued again for %s (order %s, seq %d)\n", d.WebhookID, callbackurl.Redact(d.URL), d.OrderID, d.Seq)
 			return nil
 		})
 	default:

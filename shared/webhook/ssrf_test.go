@@ -186,6 +186,11 @@ func TestSendRefusesWithoutAllowFlag(t *testing.T) {
 		strings.Replace(srv.URL, "127.0.0.1", "localhost", 1) + "/h",
 		"http://8.8.8.8/h", // http is refused before any dial
 		"https://192.168.0.10/h",
+		// The intake's rule (callbackurl.Check) is the sender's: these are
+		// refused before any lookup or dial, permanently.
+		"https://100.64.0.1/h", "https://192.0.2.1/h", "https://[64:ff9b::7f00:1]/h", "https://[2002:7f00:1::]/h",
+		"https://[fe80::1%25eth0]/h", "https://0x7f000001/h", "https://2130706433/h", "https://017700000001/h",
+		strings.Replace(srv.URL, "127.0.0.1", "127.1", 1) + "/h",
 	} {
 		r := webhook.Send(context.Background(), client, false, delivery(u), secret(t))
 		if r.Err == nil || !r.Permanent {

@@ -121,11 +121,13 @@ func attempts(ctx context.Context, q Querier, webhookID string) ([]Attempt, erro
 
 // Resend puts a delivery (delivered, failed or pending) back to pending,
 // due now, with its attempt count reset and the same webhook id and body.
-// Its attempt history is kept.
+// Its attempt history is kept. A send of it still in flight records
+// nothing when it ends (its lease token is cleared).
 func Resend(ctx context.Context, q Querier, webhookID string) (Delivery, error) {
 	d, err := scanDelivery(q.QueryRow(ctx, `
 		UPDATE webhook_deliveries
-		SET status = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL
+		SET status = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL,
+			lease_token = NULL -- fences the outcome of a send in flight
 		WHERE webhook_id = $1
 		RETURNING `+deliveryColumns, webhookID))
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"orderpipe/shared/callbackurl"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/tracing"
 )
@@ -131,6 +133,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 type claimed struct {
 	Delivery
+	lease     uuid.UUID // the claim's fence token
 	secret    string
 	requestID string
 	trace     map[string]string
@@ -224,12 +227,13 @@ func (w *Worker) claim(ctx context.Context, free int, saturated []uuid.UUID) ([]
 			return nil
 		}
 		rows, err = tx.Query(ctx, `
-			UPDATE webhook_deliveries d SET next_attempt_at = now() + $2 * interval '1 millisecond'
+			UPDATE webhook_deliveries d SET next_attempt_at = now() + $2 * interval '1 millisecond',
+				lease_token = gen_random_uuid()
 			FROM api_clients c
 			WHERE d.webhook_id = ANY($1) AND c.client_id = d.client_id
 			RETURNING d.webhook_id, d.order_id, d.seq, d.client_id, d.url, d.payload, d.status, d.attempts,
 				d.next_attempt_at, d.last_status_code, d.last_error, d.last_latency_ms, d.created_at, d.delivered_at,
-				c.webhook_secret, d.request_id, d.trace_context`, picked, w.Lease.Milliseconds())
+				c.webhook_secret, d.request_id, d.trace_context, d.lease_token`, picked, w.Lease.Milliseconds())
 		if err != nil {
 			return err
 		}
@@ -239,7 +243,7 @@ func (w *Worker) claim(ctx context.Context, free int, saturated []uuid.UUID) ([]
 			var status string
 			err := r.Scan(&c.WebhookID, &c.OrderID, &c.Seq, &c.ClientID, &c.URL, &payload, &status, &c.Attempts,
 				&c.NextAttemptAt, &c.LastStatusCode, &c.LastError, &c.LastLatencyMS, &c.CreatedAt, &c.DeliveredAt, &c.secret,
-				&c.requestID, &c.trace)
+				&c.requestID, &c.trace, &c.lease)
 			c.Payload, c.Status = payload, Status(status)
 			return c, err
 		})
@@ -288,7 +292,7 @@ func Send(ctx context.Context, client *http.Client, allowPrivate bool, d Deliver
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(d.Payload))
 	if err != nil {
-		return Result{Err: fmt.Errorf("build request: %w", err), Permanent: true}
+		return Result{Err: fmt.Errorf("build request: %w", redactURLError(err, d.URL)), Permanent: true}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "orderpipe-webhooks/1")
@@ -305,7 +309,7 @@ func Send(ctx context.Context, client *http.Client, allowPrivate bool, d Deliver
 	start := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
-		return Result{Latency: time.Since(start), Err: err}
+		return Result{Latency: time.Since(start), Err: redactURLError(err, d.URL)}
 	}
 	_, rerr := io.Copy(io.Discard, io.LimitReader(resp.Body, MaxResponseBody))
 	_ = resp.Body.Close()
@@ -320,6 +324,27 @@ func Send(ctx context.Context, client *http.Client, allowPrivate bool, d Deliver
 	}
 	return r
 }
+
+// redactURLError keeps the callback URL's query and user info (tokens)
+// out of an error from net/http, whose *url.Error names the URL: the
+// error is rebuilt with the URL redacted, what it wraps kept for
+// errors.Is and errors.As.
+func redactURLError(err error, raw string) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return &url.Error{Op: ue.Op, URL: callbackurl.Redact(ue.URL), Err: scrubbed{ue.Err, raw}}
+	}
+	return scrubbed{err, raw}
+}
+
+// scrubbed is an error whose message has the callback URL scrubbed.
+type scrubbed struct {
+	err error
+	raw string
+}
+
+func (s scrubbed) Error() string { return callbackurl.Scrub(s.err.Error(), s.raw) }
+func (s scrubbed) Unwrap() error { return s.err }
 
 func (w *Worker) send(ctx context.Context, c claimed) {
 	attempt := c.Attempts + 1
@@ -353,7 +378,13 @@ func (w *Worker) send(ctx context.Context, c claimed) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := w.record(rctx, c.WebhookID, attempt, r, status, wait); err != nil {
+	switch err := w.record(rctx, c, attempt, r, status, wait); {
+	case errors.Is(err, errLeaseLost):
+		// Claimed again after the lease ended, or resent: the newer
+		// claim's outcome stands.
+		log.WarnContext(ctx, "webhook outcome not recorded: the delivery was claimed again or resent meanwhile",
+			slog.Int("status_code", r.StatusCode))
+	case err != nil:
 		// The lease ends and the row is claimed again: one extra send, same id.
 		log.ErrorContext(ctx, "record webhook attempt", slog.Any("error", err))
 	}
@@ -365,14 +396,22 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
 }
 
-func (w *Worker) record(ctx context.Context, id string, attempt int, r Result, status Status, wait time.Duration) error {
+// errLeaseLost is record's answer when the row no longer carries the
+// claim's lease token.
+var errLeaseLost = errors.New("webhook lease lost")
+
+// record writes one attempt's outcome, fenced by the claim's lease token:
+// when the row was claimed again or resent since, nothing is written and
+// the error is errLeaseLost.
+func (w *Worker) record(ctx context.Context, c claimed, attempt int, r Result, status Status, wait time.Duration) error {
+	id := c.WebhookID
 	var code *int
 	if r.StatusCode != 0 {
 		code = &r.StatusCode
 	}
 	var msg *string
 	if r.Err != nil {
-		s := r.Err.Error()
+		s := callbackurl.Scrub(r.Err.Error(), c.URL) // Send redacts already; a last guard for the column
 		if len(s) > 1000 {
 			s = s[:1000]
 		}
@@ -380,19 +419,24 @@ func (w *Worker) record(ctx context.Context, id string, attempt int, r Result, s
 	}
 	latency := int(r.Latency.Milliseconds())
 	return pgx.BeginFunc(ctx, w.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO webhook_attempts (webhook_id, attempt, status_code, latency_ms, error)
-			VALUES ($1, $2, $3, $4, $5)`, id, attempt, code, latency, msg); err != nil {
-			return fmt.Errorf("record attempt %d of webhook %s: %w", attempt, id, err)
-		}
-		if _, err := tx.Exec(ctx, `
+		tag, err := tx.Exec(ctx, `
 			UPDATE webhook_deliveries SET
 				status = $2, attempts = $3,
 				next_attempt_at = now() + $4 * interval '1 millisecond',
 				last_status_code = $5, last_error = $6, last_latency_ms = $7,
-				delivered_at = CASE WHEN $2 = 'delivered' THEN now() END
-			WHERE webhook_id = $1`, id, string(status), attempt, wait.Milliseconds(), code, msg, latency); err != nil {
+				delivered_at = CASE WHEN $2 = 'delivered' THEN now() END,
+				lease_token = NULL
+			WHERE webhook_id = $1 AND lease_token = $8`, id, string(status), attempt, wait.Milliseconds(), code, msg, latency, c.lease)
+		if err != nil {
 			return fmt.Errorf("update webhook %s after attempt %d: %w", id, attempt, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("record attempt %d of webhook %s: %w", attempt, id, errLeaseLost)
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO webhook_attempts (webhook_id, attempt, status_code, latency_ms, error)
+			VALUES ($1, $2, $3, $4, $5)`, id, attempt, code, latency, msg); err != nil {
+			return fmt.Errorf("record attempt %d of webhook %s: %w", attempt, id, err)
 		}
 		return nil
 	})
