@@ -403,8 +403,11 @@ func TestInFlightBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r response
+	// The poller is another client: its polls must not use up the held
+	// request's rate (a 429 would end it before it takes the slot).
+	poller := "Bearer " + h.newClient("poller").APIKey
 	testenv.WaitFor(t, 10*time.Second, "a 503 while the slot is held", func() bool {
-		r = h.do("GET", "/v1/orders/"+uuid.NewString(), "")
+		r = h.do("GET", "/v1/orders/"+uuid.NewString(), "", "Authorization", poller)
 		return r.status == http.StatusServiceUnavailable
 	})
 	if r.code(t) != 103 || r.header.Get("Retry-After") == "" || r.json(t)["retryable"] != true {
