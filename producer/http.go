@@ -105,7 +105,7 @@ func newAPI(env *app.Env, svc *Service) (http.Handler, *API) {
 	a := &API{svc: svc, env: env, inflight: make(chan struct{}, svc.opts.MaxInFlight), limiters: map[uuid.UUID]*rate.Limiter{},
 		keys: tenant.NewKeyCache(5*time.Second, 10000)}
 	mux := http.NewServeMux()
-	guarded := func(h http.HandlerFunc) http.Handler { return a.bound(a.Authenticate(h)) }
+	guarded := func(h http.HandlerFunc) http.Handler { return a.deadline(a.bound(a.Authenticate(h))) }
 	mux.Handle("POST /v1/orders", guarded(a.create))
 	mux.Handle("GET /v1/orders", guarded(a.getByRequestID))
 	mux.Handle("GET /v1/orders/{order_id}", guarded(a.get))
@@ -194,6 +194,18 @@ func (s *statusOnly) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// deadline takes the server deadline once, as the request enters: the
+// authentication, the body read, the transaction and the inline publish
+// all share it, so a request ends within Timeout however its time is
+// spent among them.
+func (a *API) deadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), a.svc.opts.Timeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
 // bound refuses a request at once (503, code 103) when MaxInFlight are
 // being handled.
 // InFlight is how many requests hold a slot of the in-flight bound now.
@@ -221,6 +233,8 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 			a.unauthenticated(w, r, "send Authorization: Bearer <api key>")
 			return
 		}
+		// Within the request's deadline when it has one (the intake's
+		// routes); the streams and /mcp bound only this query.
 		ctx, cancel := context.WithTimeout(r.Context(), a.svc.opts.Timeout)
 		c, err := a.keys.Authenticate(ctx, a.env.Pool, key)
 		cancel()
@@ -314,10 +328,14 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 		invalid(err)
 		return
 	}
-	// The body is read within the server deadline too: a client that
+	// The body is read within the request's deadline too: a client that
 	// trickles it does not hold a slot for longer.
 	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(a.svc.opts.Timeout))
+	dl, ok := r.Context().Deadline()
+	if !ok {
+		dl = time.Now().Add(a.svc.opts.Timeout)
+	}
+	_ = rc.SetReadDeadline(dl)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	_ = rc.SetReadDeadline(time.Time{}) // the connection may serve further requests
 	if err != nil {

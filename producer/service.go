@@ -162,7 +162,8 @@ func (s *Service) Timeout() time.Duration { return s.opts.Timeout }
 // different payload under the same request_id returns an error wrapping
 // order.ErrRequestIDReused; an unreachable database one that
 // problem.From maps to a class 1 code. The work is bounded by the server
-// deadline.
+// deadline, or by ctx's deadline when that is earlier (the HTTP intake
+// passes the one it took when the request entered).
 func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (o orderstore.Order, replayed bool, err error) {
 	t0 := time.Now()
 	outcome := metrics.OutcomeUnavailable
