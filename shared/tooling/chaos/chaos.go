@@ -492,16 +492,23 @@ func (s *stack) quiesce(ctx context.Context, bound time.Duration) error {
 	deadline := time.Now().Add(bound)
 	var last string
 	for {
-		var open, pending, hooks int
+		// Quiet means: every order terminal, nothing pending in the outbox,
+		// every change with a settled webhook (a change whose event the
+		// broker lost gets its webhook from the notifier's fill-in or the
+		// compensator's re-notify, which takes a stuck deadline).
+		var open, pending, hooks, missing int
 		err := s.pool.QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM orders WHERE status NOT IN ('confirmed', 'rejected', 'cancelled')),
 			(SELECT count(*) FROM outbox WHERE published_at IS NULL),
-			(SELECT count(*) FROM webhook_deliveries WHERE status = 'pending')`).Scan(&open, &pending, &hooks)
-		if err == nil && open == 0 && pending == 0 && hooks == 0 {
-			fmt.Fprintln(s.opts.Out, "quiescent: every order terminal, outbox empty, every webhook settled")
+			(SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'),
+			(SELECT count(*) FROM order_events e JOIN orders o USING (order_id)
+			 WHERE o.callback_url IS NOT NULL AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.order_id = e.order_id AND d.seq = e.seq))`).
+			Scan(&open, &pending, &hooks, &missing)
+		if err == nil && open == 0 && pending == 0 && hooks == 0 && missing == 0 {
+			fmt.Fprintln(s.opts.Out, "quiescent: every order terminal, outbox empty, every change's webhook settled")
 			return nil
 		}
-		last = fmt.Sprintf("%d open orders, %d pending events, %d pending webhooks (err %v)", open, pending, hooks, err)
+		last = fmt.Sprintf("%d open orders, %d pending events, %d pending webhooks, %d changes without a webhook (err %v)", open, pending, hooks, missing, err)
 		for _, p := range s.all() {
 			if restarted, err := p.restartIfExited(ctx); restarted {
 				fmt.Fprintf(s.opts.Out, "%s had exited on its own; restarted (%v)\n", p.name, err)
