@@ -24,9 +24,7 @@ func TestStreamDeletedAtRuntime(t *testing.T) {
 	t.Parallel()
 	e := pipetest.New(t, psp.Options{})
 	stock(t, e)
-	r := pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
-	r.P.Relay().Interval = 200 * time.Millisecond
-	r.P.Relay().MinAge = time.Millisecond
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
 	e.CreateOrder(t, "3.00", lines...)
 	e.WaitTerminal(t, 30*time.Second)
 	if err := e.App.JS.DeleteStream(t.Context(), e.App.Topology.Stream); err != nil {

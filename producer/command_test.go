@@ -46,6 +46,7 @@ func TestProducerCommandLineAndEnvironment(t *testing.T) {
 	for _, kv := range [][2]string{
 		{producer.EnvTimeout, "soon"}, {producer.EnvTimeout, "-1s"}, {producer.EnvRateLimit, "0"},
 		{producer.EnvRateLimit, "fast"}, {producer.EnvRateBurst, "-5"}, {producer.EnvMaxInFlight, "0"},
+		{producer.EnvMaxStreams, "0"}, {producer.EnvMaxStreams, "many"}, {producer.EnvMaxStreamsPerClient, "-1"},
 	} {
 		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
 			t.Setenv(kv[0], kv[1])
@@ -61,8 +62,10 @@ func TestProducerCommandLineAndEnvironment(t *testing.T) {
 	}
 	t.Setenv(producer.EnvTimeout, "2s")
 	t.Setenv(producer.EnvRateLimit, "7")
+	t.Setenv(producer.EnvMaxStreamsPerClient, "3")
 	o, err := producer.OptionsFromEnv()
-	if err != nil || o.Timeout != 2*time.Second || o.RateLimit != 7 || o.RateBurst != producer.DefaultRateBurst {
+	if err != nil || o.Timeout != 2*time.Second || o.RateLimit != 7 || o.RateBurst != producer.DefaultRateBurst ||
+		o.MaxStreams != producer.DefaultMaxStreams || o.MaxStreamsPerClient != 3 {
 		t.Errorf("OptionsFromEnv: %+v %v", o, err)
 	}
 }

@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -8,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -82,10 +85,14 @@ type API struct {
 	svc      *Service
 	env      *app.Env
 	inflight chan struct{}
+	streams  chan struct{}
 	keys     *tenant.KeyCache
 
-	mu       sync.Mutex
-	limiters map[uuid.UUID]*rate.Limiter
+	mu        sync.Mutex
+	limiters  map[uuid.UUID]*rate.Limiter
+	failures  map[string]*rate.Limiter // unknown API keys per remote address
+	good      map[[32]byte]struct{}    // hashes of keys that authenticated here
+	perClient map[uuid.UUID]int        // open streams and /mcp requests
 }
 
 // Handler returns the intake's HTTP handler: the order routes, the OpenAPI
@@ -102,8 +109,9 @@ func NewAPI(env *app.Env, opts Options) (http.Handler, *API) {
 }
 
 func newAPI(env *app.Env, svc *Service) (http.Handler, *API) {
-	a := &API{svc: svc, env: env, inflight: make(chan struct{}, svc.opts.MaxInFlight), limiters: map[uuid.UUID]*rate.Limiter{},
-		keys: tenant.NewKeyCache(5*time.Second, 10000)}
+	a := &API{svc: svc, env: env, inflight: make(chan struct{}, svc.opts.MaxInFlight), streams: make(chan struct{}, svc.opts.MaxStreams),
+		limiters: map[uuid.UUID]*rate.Limiter{}, failures: map[string]*rate.Limiter{}, good: map[[32]byte]struct{}{},
+		perClient: map[uuid.UUID]int{}, keys: tenant.NewKeyCache(5*time.Second, 10000)}
 	mux := http.NewServeMux()
 	guarded := func(h http.HandlerFunc) http.Handler { return a.deadline(a.bound(a.Authenticate(h))) }
 	mux.Handle("POST /v1/orders", guarded(a.create))
@@ -115,9 +123,9 @@ func newAPI(env *app.Env, svc *Service) (http.Handler, *API) {
 	})
 	env.Mount(mux)
 	if svc.opts.Extra != nil {
-		svc.opts.Extra(mux, a.Authenticate)
+		svc.opts.Extra(mux, func(h http.Handler) http.Handler { return a.streamBound(a.Authenticate(a.clientStreamBound(h))) })
 	}
-	return problemsForMux(mux), a
+	return problemsForMux(mux, env.Logger), a
 }
 
 // Service returns the create and read logic behind the API.
@@ -125,9 +133,13 @@ func (a *API) Service() *Service { return a.svc }
 
 // problemsForMux answers the mux's own 404 and 405 (unknown path, wrong
 // method) with problem documents, keeping the mux's Allow header.
-func problemsForMux(mux *http.ServeMux) http.Handler {
+func problemsForMux(mux *http.ServeMux, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
+		if pattern == "GET /readyz" {
+			readyWithoutDetails(h, w, r, logger)
+			return
+		}
 		if pattern != "" && !traced(pattern) {
 			mux.ServeHTTP(w, r)
 			return
@@ -225,12 +237,30 @@ func (a *API) bound(next http.Handler) http.Handler {
 
 // Authenticate checks the bearer API key (401, code 202) and the client's
 // rate (429, code 102), then calls next with the client in the context
-// (ClientFrom). A database failure during the check is 503, code 101.
+// (ClientFrom). A database failure during the check is 503, code 101. A
+// remote address past its budget of unknown keys (AuthFailureRate,
+// AuthFailureBurst) gets 429, code 102, without a query, unless its key
+// authenticated in this process before.
 func (a *API) Authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := bearer(r.Header.Get("Authorization"))
 		if !ok {
 			a.unauthenticated(w, r, "send Authorization: Bearer <api key>")
+			return
+		}
+		// An address that keeps sending unknown keys is refused before
+		// its guesses cost a query; a key that authenticated in this
+		// process before is still looked up (so a client behind the same
+		// address is not locked out).
+		addr := remoteHost(r)
+		hash := tenant.HashKey(key)
+		if wait, ok := a.failuresLeft(addr); !ok && !a.knownGood(hash) {
+			if r.Method == http.MethodPost {
+				metrics.IntakeRequests.WithLabelValues(metrics.OutcomeRateLimited).Inc()
+			}
+			p := problem.New(problem.RateLimited, "too many requests with unknown API keys from this address")
+			p.RetryAfter = wait
+			problem.Write(w, p)
 			return
 		}
 		// Within the request's deadline when it has one (the intake's
@@ -239,6 +269,7 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 		c, err := a.keys.Authenticate(ctx, a.env.Pool, key)
 		cancel()
 		if errors.Is(err, tenant.ErrUnauthenticated) {
+			a.failed(addr)
 			a.unauthenticated(w, r, "unknown API key")
 			return
 		}
@@ -247,6 +278,7 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 			a.writeError(w, r, err)
 			return
 		}
+		a.remember(hash)
 		if wait, ok := a.allow(c.ID); !ok {
 			if r.Method == http.MethodPost {
 				metrics.IntakeRequests.WithLabelValues(metrics.OutcomeRateLimited).Inc()
@@ -277,6 +309,187 @@ func bearer(h string) (string, bool) {
 	}
 	token = strings.TrimSpace(token)
 	return token, token != ""
+}
+
+// maxFailureEntries bounds the map of remote addresses that sent unknown
+// keys; past it, the addresses whose buckets are full again are dropped.
+const maxFailureEntries = 10000
+
+// failuresLeft reports whether addr may still try a key (its bucket of
+// failures has a token), or how long until it may.
+func (a *API) failuresLeft(addr string) (time.Duration, bool) {
+	a.mu.Lock()
+	lim, ok := a.failures[addr]
+	a.mu.Unlock()
+	if !ok {
+		return 0, true
+	}
+	now := time.Now()
+	tokens := lim.TokensAt(now)
+	if tokens >= 1 {
+		return 0, true
+	}
+	wait := time.Duration((1 - tokens) / float64(lim.Limit()) * float64(time.Second))
+	return max(wait, time.Second), false
+}
+
+// failed takes a token from addr's bucket of failures.
+func (a *API) failed(addr string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	lim, ok := a.failures[addr]
+	if !ok {
+		if len(a.failures) >= maxFailureEntries {
+			now := time.Now()
+			for k, l := range a.failures {
+				if l.TokensAt(now) >= float64(l.Burst()) {
+					delete(a.failures, k)
+				}
+			}
+		}
+		lim = rate.NewLimiter(rate.Limit(a.svc.opts.AuthFailureRate), a.svc.opts.AuthFailureBurst)
+		a.failures[addr] = lim
+	}
+	lim.Allow()
+}
+
+// maxGoodKeys bounds the set of keys known to be good; it starts over
+// when full.
+const maxGoodKeys = 100000
+
+func (a *API) knownGood(hash [32]byte) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.good[hash]
+	return ok
+}
+
+func (a *API) remember(hash [32]byte) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.good[hash]; ok {
+		return
+	}
+	if len(a.good) >= maxGoodKeys {
+		clear(a.good)
+	}
+	a.good[hash] = struct{}{}
+}
+
+// remoteHost is the address a request came from, without its port; an
+// IPv6 address stands for its /64 (one host's usual allocation).
+func remoteHost(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is6() && !ip.Is4In6() {
+		if p, err := ip.WithZone("").Prefix(64); err == nil {
+			return p.String()
+		}
+	}
+	return host
+}
+
+// streamBound refuses an Extra route's request at once (503, code 103)
+// when MaxStreams are open, and limits its body to MaxBodyBytes.
+func (a *API) streamBound(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case a.streams <- struct{}{}:
+			defer func() { <-a.streams }()
+		default:
+			problem.Write(w, problem.New(problem.Overloaded, "the intake is at its bound of open streams"))
+			return
+		}
+		if r.ContentLength > MaxBodyBytes {
+			problem.Write(w, problem.Newf(problem.TooLarge, "the body is larger than %d bytes", MaxBodyBytes))
+			return
+		}
+		if r.Body != nil {
+			r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// clientStreamBound refuses an Extra route's request (429, code 102) when
+// its client has MaxStreamsPerClient open; inside Authenticate.
+func (a *API) clientStreamBound(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _ := ClientFrom(r.Context())
+		a.mu.Lock()
+		if a.perClient[c.ID] >= a.svc.opts.MaxStreamsPerClient {
+			a.mu.Unlock()
+			p := problem.New(problem.RateLimited, "this client has as many streams open as it may")
+			p.RetryAfter = time.Second
+			problem.Write(w, p)
+			return
+		}
+		a.perClient[c.ID]++
+		a.mu.Unlock()
+		defer func() {
+			a.mu.Lock()
+			if a.perClient[c.ID]--; a.perClient[c.ID] <= 0 {
+				delete(a.perClient, c.ID)
+			}
+			a.mu.Unlock()
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// readyWithoutDetails serves /readyz (h) on the public port with each
+// dependency's state as one word ("ok", or "unavailable" for an error
+// text): raw errors name hosts, users and databases. They are logged.
+func readyWithoutDetails(h http.Handler, w http.ResponseWriter, r *http.Request, logger *slog.Logger) {
+	rec := &recorder{statusOnly: statusOnly{header: http.Header{}}}
+	h.ServeHTTP(rec, r)
+	if rec.code == 0 {
+		rec.code = http.StatusOK
+	}
+	var checks map[string]any
+	if err := json.Unmarshal(rec.body.Bytes(), &checks); err != nil {
+		checks = map[string]any{"status": "unavailable"}
+	}
+	for name, v := range checks {
+		if s, ok := v.(string); ok && oneWord(s) {
+			continue
+		}
+		logger.WarnContext(r.Context(), "readiness check failed", slog.String("dependency", name), slog.Any("error", v))
+		checks[name] = "unavailable"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(rec.code)
+	_ = json.NewEncoder(w).Encode(checks)
+}
+
+// oneWord reports whether a readiness value is a state ("ok",
+// "degraded"), not an error text.
+func oneWord(s string) bool {
+	if s == "" || len(s) > 20 {
+		return false
+	}
+	for _, c := range s {
+		if c < 'a' || c > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// recorder keeps a handler's status and body.
+type recorder struct {
+	statusOnly
+	body bytes.Buffer
+}
+
+func (rc *recorder) Write(b []byte) (int, error) {
+	if rc.code == 0 {
+		rc.code = http.StatusOK
+	}
+	return rc.body.Write(b)
 }
 
 // allow takes a token from the client's bucket, or says how long until one

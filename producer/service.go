@@ -46,6 +46,12 @@ var (
 	EnvMaxInFlight = config.Register("ORDERPIPE_MAX_IN_FLIGHT", "requests the intake handles at once; more get 503 (code 103) at once", "256")
 )
 
+// Environment variables of the bounds on the events streams and /mcp.
+var (
+	EnvMaxStreams          = config.Register("ORDERPIPE_MAX_STREAMS", "event streams and /mcp requests the intake serves at once; more get 503 (code 103) at once", "1024")
+	EnvMaxStreamsPerClient = config.Register("ORDERPIPE_MAX_STREAMS_PER_CLIENT", "event streams and /mcp requests one API client may have open at once; more get 429 (code 102)", "16")
+)
+
 // Defaults of Options.
 const (
 	DefaultTimeout              = 5 * time.Second
@@ -53,6 +59,10 @@ const (
 	DefaultRateBurst            = 100
 	DefaultMaxInFlight          = 256
 	DefaultInlinePublishTimeout = time.Second
+	DefaultMaxStreams           = 1024
+	DefaultMaxStreamsPerClient  = 16
+	DefaultAuthFailureRate      = 1
+	DefaultAuthFailureBurst     = 20
 )
 
 // Options configure the intake. The zero value of a field means its
@@ -68,6 +78,15 @@ type Options struct {
 	RateBurst int
 	// MaxInFlight bounds the requests handled at once.
 	MaxInFlight int
+	// MaxStreams bounds the Extra routes' requests (event streams, /mcp)
+	// served at once; MaxStreamsPerClient bounds one client's.
+	MaxStreams          int
+	MaxStreamsPerClient int
+	// AuthFailureRate is how many requests with an unknown API key one
+	// remote address may send per second (AuthFailureBurst at once); past
+	// it, its requests get 429 (code 102) before any database query.
+	AuthFailureRate  float64
+	AuthFailureBurst int
 	// InlinePublishTimeout bounds the publish right after the commit; the
 	// relay catches up with whatever it could not publish.
 	InlinePublishTimeout time.Duration
@@ -77,8 +96,9 @@ type Options struct {
 	// endpoint). auth wraps a handler with the intake's authentication
 	// and per-client rate limit; inside it, ClientFrom(r.Context())
 	// returns the caller. Extra routes are not counted against
-	// MaxInFlight (streams are long-lived), and get the intake's JSON
-	// problems for unknown paths and methods. To document one in
+	// MaxInFlight (streams are long-lived) but against MaxStreams and
+	// MaxStreamsPerClient, their bodies are limited to MaxBodyBytes, and
+	// they get the intake's JSON problems for unknown paths and methods. To document one in
 	// openapi.json, mark its operation "x-orderpipe-extra": true (the
 	// router test leaves those to the tests of the package that adds them).
 	Extra func(mux *http.ServeMux, auth func(http.Handler) http.Handler)
@@ -105,6 +125,12 @@ func OptionsFromEnv() (Options, error) {
 	if o.MaxInFlight, err = config.Int(EnvMaxInFlight, DefaultMaxInFlight, 1); err != nil {
 		errs = append(errs, err)
 	}
+	if o.MaxStreams, err = config.Int(EnvMaxStreams, DefaultMaxStreams, 1); err != nil {
+		errs = append(errs, err)
+	}
+	if o.MaxStreamsPerClient, err = config.Int(EnvMaxStreamsPerClient, DefaultMaxStreamsPerClient, 1); err != nil {
+		errs = append(errs, err)
+	}
 	return o, errors.Join(errs...)
 }
 
@@ -120,6 +146,18 @@ func (o *Options) defaults() {
 	}
 	if o.MaxInFlight <= 0 {
 		o.MaxInFlight = DefaultMaxInFlight
+	}
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = DefaultMaxStreams
+	}
+	if o.MaxStreamsPerClient <= 0 {
+		o.MaxStreamsPerClient = DefaultMaxStreamsPerClient
+	}
+	if o.AuthFailureRate <= 0 {
+		o.AuthFailureRate = DefaultAuthFailureRate
+	}
+	if o.AuthFailureBurst <= 0 {
+		o.AuthFailureBurst = DefaultAuthFailureBurst
 	}
 	if o.InlinePublishTimeout <= 0 {
 		o.InlinePublishTimeout = DefaultInlinePublishTimeout

@@ -17,6 +17,11 @@ import (
 // Path is where the streamable HTTP endpoint is mounted.
 const Path = "/mcp"
 
+// MaxBodyBytes is the largest /mcp request body accepted (413 past it):
+// the intake's limit, producer.MaxBodyBytes (a producer test holds them
+// equal).
+const MaxBodyBytes = 64 << 10
+
 // tokenClient reads the client that HTTPHandler put in the call's token
 // info.
 func tokenClient(_ context.Context, req *sdk.CallToolRequest) (uuid.UUID, bool) {
@@ -40,7 +45,7 @@ func HTTPHandler(intake Intake, waker Waker, logger *slog.Logger, clientID func(
 	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv }, &sdk.StreamableHTTPOptions{
 		Stateless:           true,
 		Logger:              logger,
-		MaxRequestBodyBytes: 1 << 20,
+		MaxRequestBodyBytes: MaxBodyBytes,
 	})
 	// The intake authenticated the key already; this hands the client to
 	// the SDK as token info, which it passes to each tool call.

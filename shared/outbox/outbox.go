@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -90,9 +91,15 @@ type Relay struct {
 	// Ensure, if set, provisions the stream again when a publish finds it
 	// missing (deleted, or a broker that lost its store).
 	Ensure func(ctx context.Context) error
+
+	once sync.Once
 }
 
-func (r *Relay) defaults() {
+// defaults fills in the zero fields once: a relay is shared by concurrent
+// publishers (the intake's flushers), so this must not write on every call.
+func (r *Relay) defaults() { r.once.Do(r.fill) }
+
+func (r *Relay) fill() {
 	if r.Interval <= 0 {
 		r.Interval = time.Second
 	}
