@@ -165,7 +165,8 @@ func TestAgainstARealStack(t *testing.T) {
 }
 
 // TestFailuresFailTheCommand: answers outside 2xx make bench exit non-zero,
-// with the result still written. A wrong API key answers 401 to everything.
+// with the result still written. A wrong API key answers 401, and 429 once
+// the intake limits the address that keeps sending unknown keys.
 func TestFailuresFailTheCommand(t *testing.T) {
 	s := startStack(t, false)
 	s.apiKey = "op_not_a_key"
@@ -175,7 +176,8 @@ func TestFailuresFailTheCommand(t *testing.T) {
 		t.Fatalf("bench intake with a wrong key: want a failure, got %v\n%s", err, stdout)
 	}
 	r := readResult(t, out)
-	if r.Runs[0].Non2xx == 0 || r.Runs[0].StatusCodes["401"] != int(r.Runs[0].Requests) || len(r.Failures) == 0 {
+	codes := r.Runs[0].StatusCodes
+	if r.Runs[0].Non2xx == 0 || codes["401"] == 0 || codes["401"]+codes["429"] != int(r.Runs[0].Requests) || len(r.Failures) == 0 {
 		t.Fatalf("result of a failed run: %+v", r)
 	}
 }
