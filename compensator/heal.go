@@ -71,16 +71,30 @@ func (c *Compensator) heal(ctx context.Context, res *Result) error {
 	if c.relay == nil || c.relay.JS == nil {
 		return nil
 	}
+	// Batch after batch: a wiped broker loses the events of every order in
+	// flight at once. A healed order's last event is then its copy, which
+	// the stream holds, so each batch moves on; bounded per pass.
+	for range c.cfg.RepublishRounds {
+		n, err := c.healBatch(ctx, res)
+		if err != nil || n < c.cfg.BatchSize || ctx.Err() != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// healBatch heals up to one batch and returns how many orders it healed.
+func (c *Compensator) healBatch(ctx context.Context, res *Result) (int, error) {
 	// Only events stamped before the view is read are judged by it: their
 	// acks came before, so the stream must hold them (another
 	// compensator's or relay's publish racing this pass is not "lost").
 	var before time.Time
 	if err := c.pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
-		return fmt.Errorf("heal events the broker lost: %w", err)
+		return 0, fmt.Errorf("heal events the broker lost: %w", err)
 	}
 	view, err := c.viewStream(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	view.before = before
 	var actions []Action
@@ -109,15 +123,16 @@ func (c *Compensator) heal(ctx context.Context, res *Result) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("heal events the broker lost: %w", err)
+		return 0, fmt.Errorf("heal events the broker lost: %w", err)
 	}
 	for _, a := range actions {
 		c.taken(a, res)
 	}
 	if err := c.relay.Publish(ctx, outboxIDs...); err != nil {
 		c.logger.Warn("publish healed events; they stay in the outbox", slog.Any("error", err))
+		return len(actions), err
 	}
-	return nil
+	return len(actions), nil
 }
 
 // healMsgID is the Nats-Msg-Id of the copy of a lost event (the row
