@@ -137,23 +137,35 @@ type stack struct {
 	log       *faultLog
 }
 
+// freePort picks a free port below Linux's ephemeral range (32768 and
+// up): a part restarted after kill -9 must get its port back, and a port
+// from the ephemeral range may meanwhile be taken by one of the thousands
+// of outgoing connections the run makes.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free port between 20000 and 32000")
 }
 
 func freePorts(n int) ([]int, error) {
-	out := make([]int, n)
-	for i := range out {
+	out := make([]int, 0, n)
+	seen := map[int]bool{}
+	for len(out) < n {
 		p, err := freePort()
 		if err != nil {
 			return nil, err
 		}
-		out[i] = p
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
 	}
 	return out, nil
 }
