@@ -117,33 +117,31 @@ func (p *proc) stop(grace time.Duration) {
 	}
 }
 
-func (p *proc) running() bool {
+// state says whether the run started the process (and has not killed or
+// stopped it since) and whether it has exited since.
+func (p *proc) state() (started, exited bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd == nil {
-		return false
+		return false, false
 	}
 	select {
 	case <-p.done:
-		return false
+		return true, true
 	default:
-		return true
+		return true, false
 	}
+}
+
+func (p *proc) running() bool {
+	started, exited := p.state()
+	return started && !exited
 }
 
 // exited reports a process that died on its own (not killed by the run).
 func (p *proc) exited() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	_, exited := p.state()
+	return exited
 }
 
 // restartIfExited starts again a process that died on its own; it returns
