@@ -42,7 +42,7 @@ func TestConsumerWinsBetweenReadAndWrite(t *testing.T) {
 	}
 	redriven, unwound := newOrder(), newOrder()
 	c, err := New(Config{StuckProcessing: time.Minute, StuckReserved: time.Minute, StuckPaid: time.Minute, Interval: time.Minute,
-		ConsumerHorizon: time.Second, OutboxMinAge: time.Millisecond}, db.Pool, nil, nil, testenv.Logger(t))
+		ConsumerHorizon: time.Second, OutboxMinAge: time.Millisecond, HealMinAge: time.Millisecond}, db.Pool, nil, nil, testenv.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,12 @@ const (
 	DefaultBatchSize       = 100
 	DefaultDedupeRetention = 72 * time.Hour
 	DefaultOutboxMinAge    = 30 * time.Second
+	// DefaultHealMinAge is how long an open order must have been idle
+	// before its lost event is published again. Heal acts only on evidence
+	// that the stream no longer holds the event, so it need not wait for
+	// the outbox minimum age; the short wait lets a step that fetched the
+	// event just before the loss commit first.
+	DefaultHealMinAge      = 5 * time.Second
 	DefaultSweepBatchSize  = 5000
 	DefaultRepublishRounds = 100
 	// DefaultConsumerHorizon is used when the caller does not say how long
@@ -60,6 +66,9 @@ type Config struct {
 	// OutboxMinAge: outbox rows pending for longer are published again by
 	// each pass.
 	OutboxMinAge time.Duration
+	// HealMinAge: an open order idle for longer whose last event the
+	// stream no longer holds is healed (its event published again).
+	HealMinAge time.Duration
 	// ConsumerHorizon is how long the consumers may keep redelivering one
 	// message (AckWait × MaxDeliver, or the sum of their backoff).
 	ConsumerHorizon time.Duration
@@ -97,6 +106,7 @@ func (c Config) withDefaults() Config {
 	def(&c.Interval, DefaultInterval)
 	def(&c.DedupeRetention, DefaultDedupeRetention)
 	def(&c.OutboxMinAge, DefaultOutboxMinAge)
+	def(&c.HealMinAge, DefaultHealMinAge)
 	def(&c.ConsumerHorizon, DefaultConsumerHorizon)
 	def(&c.DuplicateWindow, natsjs.DuplicateWindow)
 	if c.MaxAttempts == 0 {
@@ -193,6 +203,9 @@ func (c Config) Validate() (Config, error) {
 		errs = append(errs, fmt.Errorf("outbox minimum age must be positive, got %s", c.OutboxMinAge))
 	} else if minStuck > 0 && c.OutboxMinAge >= minStuck && !c.Force {
 		errs = append(errs, fmt.Errorf("outbox minimum age (%s) must be shorter than the shortest stuck deadline (%s): a pending event is published again before its order is re-driven", c.OutboxMinAge, minStuck))
+	}
+	if c.HealMinAge <= 0 {
+		errs = append(errs, fmt.Errorf("heal minimum age must be positive, got %s", c.HealMinAge))
 	}
 	if c.ConsumerHorizon < 0 {
 		errs = append(errs, fmt.Errorf("consumers' redelivery horizon must not be negative, got %s", c.ConsumerHorizon))

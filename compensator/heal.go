@@ -145,7 +145,7 @@ func healMsgID(msgID string, outboxID int64) string {
 }
 
 // selectLost claims (SKIP LOCKED) up to a batch of open orders, idle for
-// longer than the outbox minimum age, whose last published event the
+// longer than the heal minimum age, whose last published event the
 // stream does not hold.
 func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView) ([]lostEvent, error) {
 	rows, err := tx.Query(ctx, `
@@ -161,7 +161,7 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 		ORDER BY o.order_id
 		LIMIT $6
 		FOR UPDATE OF o SKIP LOCKED`,
-		c.cfg.OutboxMinAge.Seconds(), view.created, int64(view.first), int64(view.last), view.deleted > 0, c.cfg.BatchSize, view.before)
+		c.cfg.HealMinAge.Seconds(), view.created, int64(view.first), int64(view.last), view.deleted > 0, c.cfg.BatchSize, view.before)
 	if err != nil {
 		return nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
 	}

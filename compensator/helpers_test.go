@@ -123,7 +123,7 @@ func (w *world) cfg(maxAttempts int) compensator.Config {
 	return compensator.Config{
 		StuckProcessing: time.Minute, StuckReserved: time.Minute, StuckPaid: time.Minute,
 		MaxAttempts: maxAttempts, Interval: time.Minute, BatchSize: 10,
-		ConsumerHorizon: time.Second, OutboxMinAge: time.Millisecond,
+		ConsumerHorizon: time.Second, OutboxMinAge: time.Millisecond, HealMinAge: time.Millisecond,
 	}
 }
 
