@@ -257,14 +257,20 @@ func Run(ctx context.Context, opts Options) (res Result, err error) {
 	for rid, a := range accepted {
 		acc[rid] = a.OrderID
 	}
-	received, copies, problems := s.recv.seen()
-	res.Problems = append(res.Problems, problems...)
+	var received map[string]string
+	var copies int
+	seen := func() map[string]string {
+		var problems []string
+		received, copies, problems = s.recv.seen()
+		res.Problems = append(res.Problems, problems...)
+		return received
+	}
 	for rid, why := range refused {
 		if strings.HasPrefix(why, "a repeat answered") {
 			res.Problems = append(res.Problems, "request_id "+rid+": "+why)
 		}
 	}
-	rep, err := Check(ctx, s.pool, CheckOptions{InitialStock: stockMap(), Accepted: acc, Received: received})
+	rep, err := Check(ctx, s.pool, CheckOptions{InitialStock: stockMap(), Accepted: acc, Received: seen})
 	if err != nil {
 		return res, fmt.Errorf("check: %w", err)
 	}

@@ -20,9 +20,12 @@ type CheckOptions struct {
 	// Accepted maps every request_id a client got a 2xx for to the order
 	// id it was answered; nil skips the clients' view.
 	Accepted map[string]string
-	// Received holds the webhook ids the clients' receiver verified; nil
-	// skips the receiver's view.
-	Received map[string]string
+	// Received returns the webhook ids the clients' receiver verified,
+	// with the order each carried; nil skips the receiver's view. It is
+	// called after the delivered rows are read: a delivery is recorded
+	// only after the receiver answered, so every row read then is already
+	// in the receiver's view, even while workers still deliver.
+	Received func() map[string]string
 }
 
 // Invariant is one checked property and the orders that break it.
@@ -274,24 +277,34 @@ func checkAccepted(ctx context.Context, db postgres.DB, accepted map[string]stri
 }
 
 // checkReceived: every delivered webhook reached the receiver and verified.
-func checkReceived(ctx context.Context, db postgres.DB, received map[string]string) (Invariant, error) {
+func checkReceived(ctx context.Context, db postgres.DB, receiver func() map[string]string) (Invariant, error) {
 	inv := Invariant{Name: "every delivered webhook was received and verified"}
 	rows, err := db.Query(ctx, `SELECT webhook_id, order_id::text FROM webhook_deliveries WHERE status = 'delivered'`)
 	if err != nil {
 		return inv, fmt.Errorf("read webhook deliveries: %w", err)
 	}
-	defer rows.Close()
+	type delivered struct{ id, oid string }
+	var all []delivered
 	for rows.Next() {
-		var id, oid string
-		if err := rows.Scan(&id, &oid); err != nil {
+		var d delivered
+		if err := rows.Scan(&d.id, &d.oid); err != nil {
+			rows.Close()
 			return inv, err
 		}
+		all = append(all, d)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return inv, err
+	}
+	received := receiver()
+	for _, d := range all {
 		inv.Checked++
-		if got, ok := received[id]; !ok {
-			inv.Broken = append(inv.Broken, Broken{OrderID: oid, Detail: "webhook " + id + " is recorded delivered but the receiver never verified it"})
-		} else if got != oid {
-			inv.Broken = append(inv.Broken, Broken{OrderID: oid, Detail: fmt.Sprintf("webhook %s carried order %s", id, got)})
+		if got, ok := received[d.id]; !ok {
+			inv.Broken = append(inv.Broken, Broken{OrderID: d.oid, Detail: "webhook " + d.id + " is recorded delivered but the receiver never verified it"})
+		} else if got != d.oid {
+			inv.Broken = append(inv.Broken, Broken{OrderID: d.oid, Detail: fmt.Sprintf("webhook %s carried order %s", d.id, got)})
 		}
 	}
-	return inv, rows.Err()
+	return inv, nil
 }
