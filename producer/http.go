@@ -57,8 +57,9 @@ var guardedStatuses = []int{401, 429, 500, 503}
 
 // routes lists the intake's own operations.
 var routes = []route{
-	{"POST", "/v1/orders", []int{200, 202, 400, 413, 415, 422}, true},
+	{"POST", "/v1/orders", []int{200, 202, 400, 409, 413, 415, 422}, true},
 	{"GET", "/v1/orders", []int{200, 400, 404}, true},
+	{"POST", "/v1/idempotency-tokens", []int{201, 400, 413, 415}, true},
 	{"GET", "/v1/orders/{order_id}", []int{200, 404}, true},
 	{"GET", "/openapi.json", []int{200}, false},
 }
@@ -116,6 +117,7 @@ func newAPI(env *app.Env, svc *Service) (http.Handler, *API) {
 	guarded := func(h http.HandlerFunc) http.Handler { return a.deadline(a.bound(a.Authenticate(h))) }
 	mux.Handle("POST /v1/orders", guarded(a.create))
 	mux.Handle("GET /v1/orders", guarded(a.getByRequestID))
+	mux.Handle("POST /v1/idempotency-tokens", guarded(a.issueToken))
 	mux.Handle("GET /v1/orders/{order_id}", guarded(a.get))
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -583,6 +585,38 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/v1/orders/"+o.ID.String())
 	writeJSON(w, http.StatusAccepted, o)
+}
+
+// issueToken is POST /v1/idempotency-tokens: an empty body (or an empty
+// JSON object) in, 201 {"token","expires_at"} out.
+func (a *API) issueToken(w http.ResponseWriter, r *http.Request) {
+	c, _ := ClientFrom(r.Context())
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if !errors.As(err, &mbe) {
+			err = &order.ValidationError{Fields: []order.FieldError{{Field: "body", Message: "could not be read: " + err.Error()}}}
+		}
+		a.writeError(w, r, err)
+		return
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := checkJSON(r.Header.Get("Content-Type")); err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(body, &fields) != nil || fields == nil || len(fields) > 0 {
+			a.writeError(w, r, &order.ValidationError{Fields: []order.FieldError{{Field: "body", Message: "must be empty or {}: a token takes no parameters"}}})
+			return
+		}
+	}
+	t, err := a.svc.IssueToken(r.Context(), c.ID)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, t)
 }
 
 // checkJSON accepts application/json (charset utf-8 if given); anything

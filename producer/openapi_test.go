@@ -89,6 +89,7 @@ func TestOpenAPIAgreesWithTheRouter(t *testing.T) {
 		seen[k][r.status] = true
 	}
 	post, byRID, byID, spec := opKey{"POST", "/v1/orders"}, opKey{"GET", "/v1/orders"}, opKey{"GET", "/v1/orders/{order_id}"}, opKey{"GET", "/openapi.json"}
+	tok := opKey{"POST", "/v1/idempotency-tokens"}
 
 	h := setup(t, producer.Options{})
 	r := h.post(orderBody("tour"))
@@ -105,10 +106,22 @@ func TestOpenAPIAgreesWithTheRouter(t *testing.T) {
 	see(byID, h.do("GET", "/v1/orders/"+id, ""))
 	see(byID, h.do("GET", "/v1/orders/"+uuid.NewString(), ""))
 	see(spec, h.do("GET", "/openapi.json", "", "Authorization", "-"))
+	issued := h.do("POST", "/v1/idempotency-tokens", "")
+	see(tok, issued)
+	see(tok, h.do("POST", "/v1/idempotency-tokens", `{"ttl":60}`))
+	see(tok, h.do("POST", "/v1/idempotency-tokens", `{"pad":"`+strings.Repeat("x", producer.MaxBodyBytes)+`"}`))
+	see(tok, h.do("POST", "/v1/idempotency-tokens", `{}`, "Content-Type", "text/plain"))
+	see(tok, h.do("POST", "/v1/idempotency-tokens", "", "Authorization", "-"))
+	held := issued.json(t)["token"].(string)
+	if _, err := h.pool.Exec(t.Context(), `UPDATE idempotency_tokens SET state = 'processing', claimed_until = now() + interval '1 hour' WHERE token = $1`, held); err != nil {
+		t.Fatal(err)
+	}
+	see(post, h.post(orderBody(held)))
 	guarded := map[opKey]func(hh *harness) response{
 		post:  func(hh *harness) response { return hh.post(orderBody("tour-g")) },
 		byRID: func(hh *harness) response { return hh.do("GET", "/v1/orders?request_id=tour", "") },
 		byID:  func(hh *harness) response { return hh.do("GET", "/v1/orders/"+id, "") },
+		tok:   func(hh *harness) response { return hh.do("POST", "/v1/idempotency-tokens", "") },
 	}
 	see(post, h.post(orderBody("tour"), "Authorization", "-"))
 	see(byRID, h.do("GET", "/v1/orders?request_id=tour", "", "Authorization", "-"))
@@ -117,7 +130,7 @@ func TestOpenAPIAgreesWithTheRouter(t *testing.T) {
 	limited.do("GET", "/v1/orders/"+id, "") // takes the only token
 	late := setup(t, producer.Options{Timeout: time.Nanosecond})
 	broken := setup(t, producer.Options{})
-	if _, err := broken.pool.Exec(context.Background(), `DROP TABLE order_events, orders CASCADE`); err != nil {
+	if _, err := broken.pool.Exec(context.Background(), `DROP TABLE order_events, orders, idempotency_tokens CASCADE`); err != nil {
 		t.Fatal(err)
 	}
 	for k, send := range guarded {

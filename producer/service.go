@@ -28,6 +28,8 @@ import (
 
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
+	"orderpipe/shared/failpoint"
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
@@ -37,6 +39,10 @@ import (
 // FailAfterCommit fires after an order's transaction committed and before
 // its accepted event is published.
 const FailAfterCommit = "intake.after-commit"
+
+// FailAfterTokenClaim fires after a request claimed its idempotency token
+// and before its order is written.
+const FailAfterTokenClaim = "intake.after-token-claim"
 
 // Environment variables that only the intake reads.
 var (
@@ -102,6 +108,8 @@ type Options struct {
 	// openapi.json, mark its operation "x-orderpipe-extra": true (the
 	// router test leaves those to the tests of the package that adds them).
 	Extra func(mux *http.ServeMux, auth func(http.Handler) http.Handler)
+	// TokenTTL is the time to live of an issued idempotency token.
+	TokenTTL time.Duration
 	// NewOrderNo replaces order.NewOrderNo (tests).
 	NewOrderNo func(time.Time) string
 }
@@ -131,6 +139,9 @@ func OptionsFromEnv() (Options, error) {
 	if o.MaxStreamsPerClient, err = config.Int(EnvMaxStreamsPerClient, DefaultMaxStreamsPerClient, 1); err != nil {
 		errs = append(errs, err)
 	}
+	if o.TokenTTL, err = idemtoken.TTLFromEnv(); err != nil {
+		errs = append(errs, err)
+	}
 	return o, errors.Join(errs...)
 }
 
@@ -158,6 +169,9 @@ func (o *Options) defaults() {
 	}
 	if o.AuthFailureBurst <= 0 {
 		o.AuthFailureBurst = DefaultAuthFailureBurst
+	}
+	if o.TokenTTL <= 0 {
+		o.TokenTTL = idemtoken.DefaultTTL
 	}
 	if o.InlinePublishTimeout <= 0 {
 		o.InlinePublishTimeout = DefaultInlinePublishTimeout
@@ -211,6 +225,22 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	}()
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
+	if idemtoken.IsToken(req.RequestID) {
+		claimed, cerr := idemtoken.Claim(ctx, s.env.Pool, clientID, req.RequestID, s.opts.Timeout)
+		if cerr != nil {
+			if errors.Is(cerr, idemtoken.ErrUnknown) || errors.Is(cerr, idemtoken.ErrExpired) {
+				outcome = metrics.OutcomeRejectedInvalid
+			}
+			return orderstore.Order{}, false, fmt.Errorf("create order with token %s: %w", req.RequestID, cerr)
+		}
+		if claimed {
+			// err is the named result: settled with what the caller gets.
+			defer func() { s.settleToken(ctx, req.RequestID, err) }()
+			if ferr := failpoint.Inject(FailAfterTokenClaim); ferr != nil {
+				return orderstore.Order{}, false, ferr
+			}
+		}
+	}
 	res, err := s.batch.insert(ctx, clientID, req)
 	if res.OrderNoCollisions > 0 {
 		metrics.UniqueConflicts.WithLabelValues("order_no").Add(float64(res.OrderNoCollisions))
@@ -237,6 +267,37 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	outcome = metrics.OutcomeCreated
 	log.InfoContext(ctx, "order accepted", slog.String("order_no", res.Order.No))
 	return res.Order, false, nil
+}
+
+// settleToken ends a request's hold on its token: used when its order
+// exists (created, replayed, or there under another payload), else its
+// lease lapses so that the next attempt claims it at once. A failure here
+// leaves the token processing until its lease passes; the order's dedupe
+// still answers the next attempt correctly.
+func (s *Service) settleToken(ctx context.Context, token string, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	var serr error
+	if err == nil || errors.Is(err, order.ErrRequestIDReused) {
+		serr = idemtoken.MarkUsed(ctx, s.env.Pool, token)
+	} else {
+		serr = idemtoken.Lapse(ctx, s.env.Pool, token)
+	}
+	if serr != nil {
+		s.env.Logger.WarnContext(ctx, "settle idempotency token", slog.String("request_id", token), slog.Any("error", serr))
+	}
+}
+
+// IssueToken issues a client an idempotency token that lives for the
+// configured time to live.
+func (s *Service) IssueToken(ctx context.Context, clientID uuid.UUID) (idemtoken.Token, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	t, err := idemtoken.Issue(ctx, s.env.Pool, clientID, s.opts.TokenTTL)
+	if err == nil {
+		metrics.TokensIssued.Inc()
+	}
+	return t, err
 }
 
 // Get returns a client's order by id (orderstore.ErrNotFound when it is

@@ -116,6 +116,19 @@ var (
 		Help: "Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).",
 	}, []string{"outcome"})
 
+	// TokensIssued counts idempotency tokens issued by the intake.
+	TokensIssued = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "orderpipe_idempotency_tokens_issued_total",
+		Help: "Idempotency tokens issued (POST /v1/idempotency-tokens, MCP new_order_token).",
+	})
+
+	// Tokens is the number of idempotency tokens by state (unused,
+	// processing, used, expired), as of the compensator's last pass.
+	Tokens = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "orderpipe_idempotency_tokens",
+		Help: "Idempotency tokens by state (unused, processing, used, expired: unused past its expiry, not yet swept), at the compensator's last pass.",
+	}, []string{"state"})
+
 	// OutboxPublished counts events published from the outbox.
 	OutboxPublished = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "orderpipe_outbox_published_total",
@@ -127,7 +140,7 @@ var (
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, OrdersFinished, StageSeconds,
 		HandlerMessages, HandlerDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
-		WebhookDeliveries, OutboxPublished}
+		WebhookDeliveries, OutboxPublished, TokensIssued, Tokens}
 }
 
 // Names returns the metric names as exposed (histograms with their

@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"time"
 
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/postgres"
@@ -45,6 +46,9 @@ const (
 	RateLimited Code = 102
 	// Overloaded: the server is at its bound of requests in flight.
 	Overloaded Code = 103
+	// TokenInFlight: another request with the same idempotency token is
+	// being handled; retry later with the same token.
+	TokenInFlight Code = 104
 
 	// InvalidInput: the request breaks a rule; the problem lists the fields.
 	InvalidInput Code = 201
@@ -61,6 +65,11 @@ const (
 	UnsupportedMediaType Code = 206
 	// RequestIDReused: the request_id was used before with another payload.
 	RequestIDReused Code = 207
+	// TokenUnknown: the idempotency token was never issued to this client
+	// (or was swept); fetch a new one.
+	TokenUnknown Code = 208
+	// TokenExpired: the idempotency token expired unused; fetch a new one.
+	TokenExpired Code = 209
 
 	// Replayed: the request was accepted before; the answer is the order.
 	Replayed Code = 301
@@ -100,6 +109,7 @@ var table = []Entry{
 	{Unavailable, "unavailable", http.StatusServiceUnavailable, "Service unavailable; retry later with the same request_id", 2 * time.Second},
 	{RateLimited, "rate-limited", http.StatusTooManyRequests, "Rate limit exceeded; retry later", time.Second},
 	{Overloaded, "overloaded", http.StatusServiceUnavailable, "Too many requests in flight; retry later", time.Second},
+	{TokenInFlight, "token-in-flight", http.StatusConflict, "A request with this idempotency token is still processing; retry later with the same token", time.Second},
 	{InvalidInput, "invalid-input", http.StatusBadRequest, "Invalid request", 0},
 	{Unauthenticated, "unauthenticated", http.StatusUnauthorized, "Missing or unknown API key", 0},
 	{NotFound, "not-found", http.StatusNotFound, "Not found", 0},
@@ -107,6 +117,8 @@ var table = []Entry{
 	{TooLarge, "too-large", http.StatusRequestEntityTooLarge, "Request body too large", 0},
 	{UnsupportedMediaType, "unsupported-media-type", http.StatusUnsupportedMediaType, "Unsupported media type; send application/json", 0},
 	{RequestIDReused, "request-id-reused", http.StatusUnprocessableEntity, "request_id already used with a different payload", 0},
+	{TokenUnknown, "token-unknown", http.StatusUnprocessableEntity, "Unknown idempotency token; fetch a new one", 0},
+	{TokenExpired, "token-expired", http.StatusUnprocessableEntity, "Idempotency token expired unused; fetch a new one", 0},
 	{Replayed, "replayed", http.StatusOK, "Already accepted; this is the same order", 0},
 }
 
@@ -176,6 +188,7 @@ func From(err error) *Problem {
 	var p *Problem
 	var ve *order.ValidationError
 	var mbe *http.MaxBytesError
+	var inFlight *idemtoken.InFlightError
 	switch {
 	case err == nil:
 		return nil
@@ -189,6 +202,14 @@ func From(err error) *Problem {
 		return Newf(TooLarge, "the body is over %d bytes", mbe.Limit)
 	case errors.Is(err, order.ErrRequestIDReused):
 		return New(RequestIDReused, "this request_id was used for another order; nothing was changed. Use a new request_id for a new order.")
+	case errors.As(err, &inFlight):
+		p := New(TokenInFlight, "another request with this idempotency token is still processing; retry after Retry-After with the same token")
+		p.RetryAfter = inFlight.RetryAfter
+		return p
+	case errors.Is(err, idemtoken.ErrUnknown):
+		return New(TokenUnknown, "this idempotency token is unknown to this client; fetch a new one (POST /v1/idempotency-tokens) and use it for this order")
+	case errors.Is(err, idemtoken.ErrExpired):
+		return New(TokenExpired, "this idempotency token expired unused; fetch a new one (POST /v1/idempotency-tokens) and use it for this order")
 	case errors.Is(err, orderstore.ErrNotFound):
 		return New(NotFound, "no such order")
 	case errors.Is(err, tenant.ErrUnauthenticated):
