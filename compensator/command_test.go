@@ -8,12 +8,14 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
 	"orderpipe/compensator"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/testenv"
@@ -153,13 +155,20 @@ func TestOrdersInspectAndStats(t *testing.T) {
 	}
 
 	w.newOrder(spec{status: order.StatusProcessing})
+	for range 2 {
+		if _, err := idemtoken.Issue(t.Context(), w.db.Pool, w.client, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.exec(`UPDATE idempotency_tokens SET expires_at = now() WHERE token = (SELECT min(token) FROM idempotency_tokens)`)
 	out, err = run(t, compensator.OrdersCommand(), cfg, "stats", "--stuck-after", "1h")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("stats:\n%s", out)
 	for _, want := range []string{"orders by status", "cancelled   1", "processing  1", "(stuck)", "dead letters by consumer (1)",
-		"webhook deliveries by status (0)", "compensator actions in the last 24h (2)", "outbox"} {
+		"webhook deliveries by status (0)", "compensator actions in the last 24h (2)", "outbox",
+		"idempotency tokens by state (4)", "unused      1", "expired     1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stats output lacks %q:\n%s", want, out)
 		}

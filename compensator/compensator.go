@@ -51,6 +51,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/failpoint"
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
@@ -126,6 +127,8 @@ type Result struct {
 	Republished int
 	// Swept counts processed_messages rows deleted (in a dry run: due).
 	Swept int64
+	// TokensSwept counts expired unused idempotency tokens deleted.
+	TokensSwept int64
 	// Actions lists every action, in the order taken.
 	Actions []Action
 	// DryRun marks a pass that wrote nothing.
@@ -155,8 +158,8 @@ func (r Result) Summary() string {
 	if r.BrokerUnavailable {
 		prefix += " (broker unavailable: nothing re-driven or unwound)"
 	}
-	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d, healed %d; outbox republished %d; dedupe rows swept %d; oldest open order %s; took %s",
-		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Healed, r.Republished, r.Swept,
+	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d, healed %d; outbox republished %d; dedupe rows swept %d; expired tokens swept %d; oldest open order %s; took %s",
+		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Healed, r.Republished, r.Swept, r.TokensSwept,
 		r.OldestOpen.Round(time.Second), r.Took.Round(time.Millisecond))
 }
 
@@ -217,7 +220,7 @@ func (c *Compensator) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			c.logger.Warn("compensator pass", slog.Any("error", err), slog.String("summary", res.Summary()))
-		} else if len(res.Actions) > 0 || res.Republished > 0 || res.Swept > 0 {
+		} else if len(res.Actions) > 0 || res.Republished > 0 || res.Swept > 0 || res.TokensSwept > 0 {
 			c.logger.Info("compensator pass", slog.String("summary", res.Summary()))
 		}
 		select {
@@ -741,8 +744,9 @@ func (c *Compensator) republish(ctx context.Context, res *Result) error {
 	return nil
 }
 
-// sweep deletes processed_messages rows older than the retention, in
-// batches.
+// sweep deletes processed_messages rows older than the retention and
+// idempotency tokens that expired unused longer than their retention ago,
+// in batches, then counts the tokens per state for the gauge.
 func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 	for {
 		tag, err := c.pool.Exec(ctx, `
@@ -755,7 +759,25 @@ func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 		}
 		res.Swept += tag.RowsAffected()
 		if tag.RowsAffected() < int64(c.cfg.SweepBatchSize) {
-			return nil
+			break
 		}
 	}
+	for {
+		n, err := idemtoken.Sweep(ctx, c.pool, c.cfg.TokenRetention, c.cfg.SweepBatchSize)
+		if err != nil {
+			return err
+		}
+		res.TokensSwept += n
+		if n < int64(c.cfg.SweepBatchSize) {
+			break
+		}
+	}
+	counts, err := idemtoken.Counts(ctx, c.pool)
+	if err != nil {
+		return err
+	}
+	for st, n := range counts {
+		metrics.Tokens.WithLabelValues(string(st)).Set(float64(n))
+	}
+	return nil
 }

@@ -15,6 +15,8 @@ import (
 
 	"orderpipe/compensator"
 	"orderpipe/shared/failpoint"
+	"orderpipe/shared/idemtoken"
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/payments"
@@ -535,5 +537,39 @@ func TestDaemonPassesAtOnceAndStops(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A pass sweeps idempotency tokens that expired unused longer than the
+// retention ago, keeps younger expired ones (they still answer
+// "expired"), and sets the token gauge per state.
+func TestPassSweepsExpiredTokens(t *testing.T) {
+	w := newWorld(t)
+	ctx := t.Context()
+	for _, ttl := range []time.Duration{time.Hour, time.Second} {
+		if _, err := idemtoken.Issue(ctx, w.db.Pool, w.client, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old, err := idemtoken.Issue(ctx, w.db.Pool, w.client, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.exec(`UPDATE idempotency_tokens SET expires_at = now() - interval '2 hours' WHERE token = $1`, old.Token)
+	w.exec(`UPDATE idempotency_tokens SET expires_at = now() - interval '1 minute' WHERE token <> $1 AND expires_at < now() + interval '1 minute'`, old.Token)
+	cfg := w.cfg(3)
+	cfg.TokenRetention = time.Hour
+	res := w.pass(w.comp(cfg, w.psp))
+	if res.TokensSwept != 1 || !strings.Contains(res.Summary(), "expired tokens swept 1") {
+		t.Fatalf("swept %d tokens: %s", res.TokensSwept, res.Summary())
+	}
+	if n := w.int(`SELECT count(*) FROM idempotency_tokens WHERE token = $1`, old.Token); n != 0 {
+		t.Fatal("the token expired past the retention is still there")
+	}
+	if got := value(t, metrics.Tokens.WithLabelValues("expired")); got != 1 {
+		t.Fatalf("expired gauge %v, want 1", got)
+	}
+	if got := value(t, metrics.Tokens.WithLabelValues("unused")); got != 1 {
+		t.Fatalf("unused gauge %v, want 1", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/order"
 )
@@ -66,6 +67,10 @@ type Config struct {
 	// OutboxMinAge: outbox rows pending for longer are published again by
 	// each pass.
 	OutboxMinAge time.Duration
+	// TokenRetention is how long an idempotency token that expired unused
+	// is kept (answering "expired", counted as expired) before the sweep
+	// deletes it.
+	TokenRetention time.Duration
 	// HealMinAge: an open order idle for longer whose last event the
 	// stream no longer holds is healed (its event published again).
 	HealMinAge time.Duration
@@ -107,6 +112,7 @@ func (c Config) withDefaults() Config {
 	def(&c.DedupeRetention, DefaultDedupeRetention)
 	def(&c.OutboxMinAge, DefaultOutboxMinAge)
 	def(&c.HealMinAge, DefaultHealMinAge)
+	def(&c.TokenRetention, idemtoken.DefaultRetention)
 	def(&c.ConsumerHorizon, DefaultConsumerHorizon)
 	def(&c.DuplicateWindow, natsjs.DuplicateWindow)
 	if c.MaxAttempts == 0 {

@@ -241,7 +241,8 @@ func deref2(t *time.Time) any {
 
 // Stats prints the status distribution, the open orders past stuckAfter
 // per state, the oldest open order, dead letters, webhook failures, the
-// outbox backlog and the compensator's recent actions.
+// outbox backlog, the compensator's recent actions, payments and the
+// idempotency tokens by state.
 func Stats(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Duration, w io.Writer) error {
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
 	if err != nil {
@@ -267,6 +268,10 @@ func Stats(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Duration, w 
 		{"compensator actions in the last 24h", "compensator_actions", `SELECT action, count(*) AS actions, max(created_at) AS latest FROM compensator_actions
 			WHERE created_at > now() - interval '24 hours' GROUP BY action ORDER BY action`},
 		{"payments by status", "payments", `SELECT status, count(*) AS payments FROM payments GROUP BY status ORDER BY status`},
+		{"idempotency tokens by state", "idempotency_tokens", `SELECT s.state, count(t.token) AS tokens
+			FROM unnest(ARRAY['unused','processing','used','expired']) WITH ORDINALITY AS s(state, n)
+			LEFT JOIN idempotency_tokens t ON (CASE WHEN t.state = 'unused' AND t.expires_at <= now() THEN 'expired' ELSE t.state END) = s.state
+			GROUP BY s.state, s.n ORDER BY s.n`},
 	}
 	for _, p := range parts {
 		var args []any
