@@ -1,6 +1,7 @@
 package producer_test
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"orderpipe/producer"
+	"orderpipe/producer/client"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/tenant"
@@ -297,5 +299,48 @@ func TestCrashBetweenTokenClaimAndCommit(t *testing.T) {
 	}
 	if err := db.Pool.QueryRow(ctx, `SELECT state FROM idempotency_tokens WHERE token = $1`, tok.Token).Scan(&state); err != nil || state != "used" {
 		t.Fatalf("the token is %q (%v), want used", state, err)
+	}
+}
+
+// The SDK against the real intake: a caller with no id of its own fetches
+// a token, and a rebuilt call with the same token gets the same order. A
+// token held by another attempt is retried after Retry-After (code 104)
+// until that attempt's lease passed.
+func TestClientToken(t *testing.T) {
+	t.Parallel()
+	h := setup(t, producer.Options{})
+	c := client.New(h.srv.URL, h.creds.APIKey)
+	ctx := t.Context()
+	tok, err := c.NewToken(ctx)
+	if err != nil || !idemtoken.Valid(tok.Token) || time.Until(tok.ExpiresAt) < 14*time.Minute {
+		t.Fatalf("NewToken: %+v %v", tok, err)
+	}
+	req := client.OrderRequest{RequestID: tok.Token, UserID: 42, Items: []client.Item{{SKU: "SKU-1", Quantity: 2}}, Amount: "39.98", Currency: "CNY"}
+	first, err := c.CreateOrder(ctx, req)
+	if err != nil || first.Replayed {
+		t.Fatalf("first: %+v %v", first, err)
+	}
+	again, err := c.CreateOrder(ctx, req)
+	if err != nil || !again.Replayed || again.Order.OrderID != first.Order.OrderID {
+		t.Fatalf("rebuilt call: %+v %v", again, err)
+	}
+
+	held, err := c.NewToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE idempotency_tokens SET state = 'processing', claimed_until = now() + interval '1 second' WHERE token = $1`, held.Token); err != nil {
+		t.Fatal(err)
+	}
+	req.RequestID = held.Token
+	res, err := c.CreateOrder(ctx, req)
+	if err != nil || res.Replayed || res.Attempts < 2 {
+		t.Fatalf("a held token: %+v %v", res, err)
+	}
+	if _, err := c.CreateOrder(ctx, client.OrderRequest{RequestID: idemtoken.Prefix + strings.Repeat("9", 48), UserID: 42,
+		Items: []client.Item{{SKU: "SKU-1", Quantity: 2}}, Amount: "39.98", Currency: "CNY"}); err == nil {
+		t.Fatal("an unknown token was accepted")
+	} else if p := (*client.Problem)(nil); !errors.As(err, &p) || p.Code != 208 {
+		t.Fatalf("an unknown token: %v", err)
 	}
 }

@@ -9,6 +9,8 @@
 //     jitter, never sooner than Retry-After says;
 //   - problem codes 2xx (the request is wrong) are never retried;
 //   - a replay (200 Idempotent-Replayed, or a code 3xx) is success;
+//   - a caller without a stable id of its own can fetch a server-issued
+//     token (NewToken) and use it as the request_id;
 //   - the whole call is bounded by a time budget.
 //
 // Timeouts stack from the inside out (DESIGN.md): the server bounds its own
@@ -229,6 +231,48 @@ func (c *Client) CreateOrder(ctx context.Context, req OrderRequest) (Result, err
 		return p.Class() == 1, p
 	})
 	return res, err
+}
+
+// Token is a server-issued idempotency token.
+type Token struct {
+	// Token is opaque; use it as OrderRequest.RequestID.
+	Token string `json:"token"`
+	// ExpiresAt: an order must be created with the token before then.
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// NewToken asks the intake for an idempotency token (POST
+// /v1/idempotency-tokens), for a caller with no stable id of its own that
+// it could keep across its retries (a form rendered again, a job rebuilt
+// after a crash). Fetch one per order, before the first attempt; pass
+// Token as OrderRequest.RequestID on that attempt and every later one: a
+// second attempt then gets the same order (Result.Replayed), and one that
+// comes while the first is in flight is retried after the server's
+// Retry-After (code 104). Never fetch a new token to retry: a new token
+// is a new order. Transient failures are retried; a retry may leave an
+// unused token behind, which expires.
+func (c *Client) NewToken(ctx context.Context) (Token, error) {
+	var t Token
+	var attempts int
+	err := c.retry(ctx, "", &attempts, func(actx context.Context) (bool, error) {
+		hreq, err := http.NewRequestWithContext(actx, http.MethodPost, c.baseURL+"/v1/idempotency-tokens", nil)
+		if err != nil {
+			return false, err
+		}
+		status, hdr, data, err := c.do(hreq)
+		if err != nil {
+			return true, err
+		}
+		if status != http.StatusCreated {
+			p := asProblem(status, hdr, data)
+			return p.Class() == 1, p
+		}
+		if err := json.Unmarshal(data, &t); err != nil || t.Token == "" {
+			return true, fmt.Errorf("decode token (HTTP %d): %v", status, err)
+		}
+		return false, nil
+	})
+	return t, err
 }
 
 // GetOrder returns one of the caller's orders (a *Problem with code 203

@@ -207,3 +207,28 @@ func TestGetOrder(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+// NewToken retries class 1 and an undecodable 201, and never class 2.
+func TestNewTokenRetriesOnlyWhatIsTransient(t *testing.T) {
+	t.Parallel()
+	tokenAnswer := func(body string) func(w http.ResponseWriter) {
+		return func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, body)
+		}
+	}
+	s := &script{answers: []func(w http.ResponseWriter){
+		problemAnswer(503, 101, "0"), tokenAnswer(`{"token":`), tokenAnswer(`{}`),
+		tokenAnswer(`{"token":"opt1.abc","expires_at":"2026-12-03T19:00:00Z"}`),
+	}}
+	tok, err := newClient(t, s).NewToken(t.Context())
+	if err != nil || tok.Token != "opt1.abc" || tok.ExpiresAt.IsZero() || len(s.keys) != 4 {
+		t.Fatalf("token %+v, err %v, attempts %d", tok, err, len(s.keys))
+	}
+	s = &script{answers: []func(w http.ResponseWriter){problemAnswer(401, 202, "")}}
+	var p *client.Problem
+	if _, err := newClient(t, s).NewToken(t.Context()); !errors.As(err, &p) || p.Code != 202 || len(s.keys) != 1 {
+		t.Fatalf("unauthenticated: %v after %d attempts", err, len(s.keys))
+	}
+}

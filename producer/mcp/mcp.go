@@ -1,7 +1,9 @@
 // Package mcp serves orderpipe's Model Context Protocol tools, so that an AI
 // agent can place and follow orders: create_order (whose input schema
-// makes request_id required, with the HTTP contract's rules), get_order and
-// wait_for_order (which reports progress while it waits).
+// requires a request_id or a token, with the HTTP contract's rules),
+// new_order_token (a server-issued idempotency token, for an agent that
+// cannot keep an id across retries), get_order and wait_for_order (which
+// reports progress while it waits).
 //
 // The tools call the intake's create and read service directly (not over
 // HTTP), so they apply exactly the intake's rules. A failure comes back as
@@ -24,6 +26,7 @@ import (
 	"github.com/google/uuid"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/problem"
@@ -41,6 +44,8 @@ type Intake interface {
 	GetByRequestID(ctx context.Context, clientID uuid.UUID, requestID string) (orderstore.Order, error)
 	// DecodeOptions are this deployment's request rules.
 	DecodeOptions() order.DecodeOptions
+	// IssueToken issues the client an idempotency token.
+	IssueToken(ctx context.Context, clientID uuid.UUID) (idemtoken.Token, error)
 }
 
 // Waker wakes a waiter when a change of an order may have committed
@@ -76,6 +81,7 @@ const (
 	ToolCreateOrder  = "create_order"
 	ToolGetOrder     = "get_order"
 	ToolWaitForOrder = "wait_for_order"
+	ToolNewToken     = "new_order_token"
 )
 
 // OrderResult is the structured content of a successful tool call.
@@ -114,8 +120,10 @@ func NewServer(opts Options) (*sdk.Server, error) {
 	s := &server{opts: opts}
 	srv := sdk.NewServer(&sdk.Implementation{Name: "orderpipe", Title: "orderpipe orders", Version: opts.Version}, &sdk.ServerOptions{
 		Instructions: "Place orders with create_order. Generate a request_id once per order and reuse it on every retry of that order: " +
-			"a retry then returns the same order instead of creating a second one. Follow an order with wait_for_order or get_order. " +
-			"Errors carry a code and retryable: retry only when retryable is true, with the same request_id.",
+			"a retry then returns the same order instead of creating a second one. If you cannot keep an id across retries " +
+			"(you rebuild the call from scratch after a timeout), call new_order_token ONCE per order and pass its token to every " +
+			"create_order attempt of that order instead of request_id. Follow an order with wait_for_order or get_order. " +
+			"Errors carry a code and retryable: retry only when retryable is true, with the same request_id or token.",
 		Logger: opts.Logger,
 	})
 	tools := []struct {
@@ -125,15 +133,28 @@ func NewServer(opts Options) (*sdk.Server, error) {
 		{&sdk.Tool{
 			Name:  ToolCreateOrder,
 			Title: "Create an order",
-			Description: "Create an order, safely retryable. request_id is REQUIRED: generate it once for this order " +
+			Description: "Create an order, safely retryable. Give exactly one of request_id or token. request_id: generate it once for this order " +
 				"(for example ORD + UTC time + random hex, like ORD20261202143022a3f9c1) and reuse the SAME request_id on every retry " +
 				"of this order, including after a timeout or an error whose retryable is true; never generate a new one for a retry. " +
+				"token: the token new_order_token gave you for this order; reuse the SAME token on every retry. " +
 				"The answer is the order in status processing (or, on a retry, the same order as it is now, with replayed true). " +
 				"The order then moves on asynchronously; follow it with wait_for_order. On error the result has isError, " +
-				"a code and retryable: retry (same request_id) only if retryable is true.",
+				"a code and retryable: retry (same request_id or token) only if retryable is true; code 104 means the first attempt " +
+				"with this token is still running (retry the same call shortly); codes 208 and 209 mean the token is unknown or expired " +
+				"(get a new token with new_order_token, then create the order with it).",
 			InputSchema: createOrderSchema(),
 			Annotations: &sdk.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(false), OpenWorldHint: ptr(false)},
 		}, s.createOrder},
+		{&sdk.Tool{
+			Name:  ToolNewToken,
+			Title: "Get an idempotency token for one order",
+			Description: "Return a fresh idempotency token (and when it expires, 15 minutes by default) for ONE order you are about to create. " +
+				"Call it ONCE per order, BEFORE the first create_order attempt, remember the token, and pass it as token to create_order " +
+				"on the first attempt and on EVERY retry of that order: the first attempt creates the order, every retry returns the same order. " +
+				"Never fetch a new token to retry; a new token means a new order. Use it when you cannot keep a request_id of your own.",
+			InputSchema: &jsonschema.Schema{Type: "object", AdditionalProperties: noMore()},
+			Annotations: &sdk.ToolAnnotations{DestructiveHint: ptr(false), OpenWorldHint: ptr(false)},
+		}, s.newToken},
 		{&sdk.Tool{
 			Name:        ToolGetOrder,
 			Title:       "Get an order",
@@ -222,8 +243,40 @@ func okResult(r OrderResult) *sdk.CallToolResult {
 	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: string(b)}}, StructuredContent: r}
 }
 
+// TokenResult is the structured content of new_order_token.
+type TokenResult struct {
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+func (s *server) newToken(ctx context.Context, clientID uuid.UUID, _ *sdk.CallToolRequest, _ json.RawMessage) (*sdk.CallToolResult, error) {
+	t, err := s.opts.Intake.IssueToken(ctx, clientID)
+	if err != nil {
+		return nil, err
+	}
+	r := TokenResult{Token: t.Token, ExpiresAt: t.ExpiresAt}
+	b, _ := json.Marshal(r)
+	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: string(b)}}, StructuredContent: r}, nil
+}
+
 func (s *server) createOrder(ctx context.Context, clientID uuid.UUID, _ *sdk.CallToolRequest, args json.RawMessage) (*sdk.CallToolResult, error) {
-	req, err := order.DecodeCreateRequest(args, s.opts.Intake.DecodeOptions())
+	opts := s.opts.Intake.DecodeOptions()
+	// A token stands for the request_id: the decoder takes it as the
+	// Idempotency-Key of HTTP.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(args, &fields); err != nil {
+		return nil, invalid("arguments", "must be a JSON object")
+	}
+	if raw, ok := fields["token"]; ok {
+		var tok string
+		if err := json.Unmarshal(raw, &tok); err != nil || !idemtoken.IsToken(tok) {
+			return nil, invalid("token", "must be a token that new_order_token returned")
+		}
+		delete(fields, "token")
+		opts.HasIdempotencyKey, opts.IdempotencyKey = true, tok
+		args, _ = json.Marshal(fields)
+	}
+	req, err := order.DecodeCreateRequest(args, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -354,7 +354,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func TestSchemaRequiresRequestID(t *testing.T) {
+func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	cs := h.inMemory(newProgress())
@@ -374,6 +374,9 @@ func TestSchemaRequiresRequestID(t *testing.T) {
 	b, _ := json.Marshal(create.InputSchema)
 	var schema struct {
 		Required   []string `json:"required"`
+		OneOf      []struct {
+			Required []string `json:"required"`
+		} `json:"oneOf"`
 		Properties map[string]struct {
 			MinLength *int   `json:"minLength"`
 			MaxLength *int   `json:"maxLength"`
@@ -385,7 +388,8 @@ func TestSchemaRequiresRequestID(t *testing.T) {
 		t.Fatal(err)
 	}
 	rid := schema.Properties["request_id"]
-	if !contains(schema.Required, "request_id") || rid.MinLength == nil || *rid.MinLength != 1 || rid.MaxLength == nil ||
+	if len(schema.OneOf) != 2 || !contains(schema.OneOf[0].Required, "request_id") || !contains(schema.OneOf[1].Required, "token") ||
+		schema.Properties["token"].Pattern == "" || rid.MinLength == nil || *rid.MinLength != 1 || rid.MaxLength == nil ||
 		*rid.MaxLength != 64 || rid.Pattern != order.RequestIDPattern || schema.AdditionalProperties == nil {
 		t.Fatalf("create_order schema: %s", b)
 	}
@@ -393,14 +397,17 @@ func TestSchemaRequiresRequestID(t *testing.T) {
 		t.Fatalf("description: %s", create.Description)
 	}
 
-	// Without request_id (or with an empty one) the call is refused by the
-	// schema, with the invalid-input code, and nothing is created.
+	// Without request_id or token (or with an empty one, or with both) the
+	// call is refused by the schema, with the invalid-input code, and
+	// nothing is created.
 	noID := createArgs("x")
 	delete(noID, "request_id")
-	for _, args := range []map[string]any{noID, createArgs("")} {
+	both := createArgs("x")
+	both["token"] = "opt1." + strings.Repeat("0", 48)
+	for _, args := range []map[string]any{noID, createArgs(""), both} {
 		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
-		if !r.isError || r.problem.Code != 201 || r.problem.Retryable || !strings.Contains(r.raw, "request_id") {
-			t.Fatalf("create without request_id: %s", r.raw)
+		if !r.isError || r.problem.Code != 201 || r.problem.Retryable {
+			t.Fatalf("create without one request_id or token: %s", r.raw)
 		}
 	}
 	var n int
@@ -462,7 +469,17 @@ func TestMalformedArguments(t *testing.T) {
 		"callback ftp":             with("callback_url", "ftp://shop.example/h"),
 		"callback not a URL":       with("callback_url", "shop"),
 		"unknown field":            with("coupon", "FREE"),
+		"token and request_id":     with("token", "opt1."+strings.Repeat("a", 48)),
 	}
+	tokenArgs := func(tok any) map[string]any {
+		a := createArgs("x")
+		delete(a, "request_id")
+		a["token"] = tok
+		return a
+	}
+	cases["token bad shape"] = tokenArgs("opt1.xyz")
+	cases["token not a string"] = tokenArgs(7)
+	cases["token a request_id"] = tokenArgs("ORD1")
 	for name, args := range cases {
 		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
 		if !r.isError || r.problem.Code != 201 || r.problem.Retryable {
@@ -481,6 +498,9 @@ func TestMalformedArguments(t *testing.T) {
 			t.Errorf("get_order %s: %s", name, r.raw)
 		}
 	}
+	if r := call(t, cs, mcp.ToolNewToken, map[string]any{"ttl": 5}, nil); !r.isError || r.problem.Code != 201 {
+		t.Errorf("new_order_token with an argument: %s", r.raw)
+	}
 	for name, args := range map[string]map[string]any{
 		"no order_id":   {"timeout_seconds": 5},
 		"bad order_id":  {"order_id": "zz"},
@@ -497,6 +517,43 @@ func TestMalformedArguments(t *testing.T) {
 	var n int
 	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d orders after refused calls (%v)", n, err)
+	}
+}
+
+// An agent that rebuilds its call after a timeout: it fetched a token once
+// and sends it on every attempt; every attempt after the first gets the
+// same order back. An unknown token is code 208 (fetch a new one).
+func TestCreateWithToken(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	cs := h.inMemory(newProgress())
+	r := call(t, cs, mcp.ToolNewToken, map[string]any{}, nil)
+	var tok mcp.TokenResult
+	if err := json.Unmarshal([]byte(r.raw), &tok); r.isError || err != nil || tok.Token == "" || tok.ExpiresAt.IsZero() {
+		t.Fatalf("new_order_token: %s (%v)", r.raw, err)
+	}
+	args := createArgs("x")
+	delete(args, "request_id")
+	args["token"] = tok.Token
+	var ids []string
+	for i := range 3 {
+		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
+		var res mcp.OrderResult
+		if err := json.Unmarshal([]byte(r.raw), &res); r.isError || err != nil || res.Replayed != (i > 0) || res.Order.RequestID != tok.Token {
+			t.Fatalf("attempt %d: %s (%v)", i, r.raw, err)
+		}
+		ids = append(ids, res.Order.ID.String())
+	}
+	if ids[0] != ids[1] || ids[1] != ids[2] {
+		t.Fatalf("order ids %v", ids)
+	}
+	args["token"] = "opt1." + strings.Repeat("5", 48)
+	if r := call(t, cs, mcp.ToolCreateOrder, args, nil); !r.isError || r.problem.Code != 208 || r.problem.Retryable {
+		t.Fatalf("unknown token: %s", r.raw)
+	}
+	var n int
+	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d orders (%v), want 1", n, err)
 	}
 }
 

@@ -41,10 +41,19 @@ func orderIDSchema() *jsonschema.Schema {
 func createOrderSchema() *jsonschema.Schema {
 	return &jsonschema.Schema{
 		Type:                 "object",
-		Required:             []string{"request_id", "user_id", "items", "amount", "currency"},
+		Required:             []string{"user_id", "items", "amount", "currency"},
 		AdditionalProperties: noMore(),
-		PropertyOrder:        []string{"request_id", "user_id", "items", "amount", "currency", "callback_url"},
+		PropertyOrder:        []string{"request_id", "token", "user_id", "items", "amount", "currency", "callback_url"},
+		OneOf: []*jsonschema.Schema{
+			{Required: []string{"request_id"}, Not: &jsonschema.Schema{Required: []string{"token"}}},
+			{Required: []string{"token"}, Not: &jsonschema.Schema{Required: []string{"request_id"}}},
+		},
 		Properties: map[string]*jsonschema.Schema{
+			"token": {
+				Type: "string", Pattern: `^opt1\.[0-9a-f]{48}$`,
+				Description: "In place of request_id: the token that new_order_token returned for THIS order. " +
+					"Send the SAME token on every retry of this order; never fetch a new one to retry.",
+			},
 			"request_id": requestIDSchema("Your idempotency key for this order: 1-64 characters of A-Z a-z 0-9 . _ : -. " +
 				"Generate it ONCE per order (e.g. ORD + UTC time + random hex) and send the SAME value on every retry of this order, " +
 				"so a retry after a timeout returns the same order instead of creating a second one."),
