@@ -267,8 +267,11 @@ func (c *Client) NewToken(ctx context.Context) (Token, error) {
 			p := asProblem(status, hdr, data)
 			return p.Class() == 1, p
 		}
-		if err := json.Unmarshal(data, &t); err != nil || t.Token == "" {
-			return true, fmt.Errorf("decode token (HTTP %d): %v", status, err)
+		if err := json.Unmarshal(data, &t); err != nil {
+			return true, fmt.Errorf("decode token (HTTP %d): %w", status, err)
+		}
+		if t.Token == "" {
+			return true, fmt.Errorf("decode token (HTTP %d): no token in the answer", status)
 		}
 		return false, nil
 	})

@@ -373,8 +373,8 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 	}
 	b, _ := json.Marshal(create.InputSchema)
 	var schema struct {
-		Required   []string `json:"required"`
-		OneOf      []struct {
+		Required []string `json:"required"`
+		OneOf    []struct {
 			Required []string `json:"required"`
 		} `json:"oneOf"`
 		Properties map[string]struct {
