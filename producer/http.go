@@ -281,7 +281,7 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 			return
 		}
 		a.remember(hash)
-		if wait, ok := a.allow(c.ID); !ok {
+		if wait, ok := a.allow(c); !ok {
 			if r.Method == http.MethodPost {
 				metrics.IntakeRequests.WithLabelValues(metrics.OutcomeRateLimited).Inc()
 			}
@@ -495,15 +495,29 @@ func (rc *recorder) Write(b []byte) (int, error) {
 }
 
 // allow takes a token from the client's bucket, or says how long until one
-// is there.
-func (a *API) allow(id uuid.UUID) (time.Duration, bool) {
+// is there. The bucket follows the client's own limits (as of its last
+// authentication), else the intake's defaults.
+func (a *API) allow(c tenant.Client) (time.Duration, bool) {
+	limit, burst := rate.Limit(a.svc.opts.RateLimit), a.svc.opts.RateBurst
+	if c.Limits.Rate > 0 {
+		limit = rate.Limit(c.Limits.Rate)
+	}
+	if c.Limits.Burst > 0 {
+		burst = c.Limits.Burst
+	}
 	a.mu.Lock()
-	lim, ok := a.limiters[id]
+	lim, ok := a.limiters[c.ID]
 	if !ok {
-		lim = rate.NewLimiter(rate.Limit(a.svc.opts.RateLimit), a.svc.opts.RateBurst)
-		a.limiters[id] = lim
+		lim = rate.NewLimiter(limit, burst)
+		a.limiters[c.ID] = lim
 	}
 	a.mu.Unlock()
+	if lim.Limit() != limit {
+		lim.SetLimit(limit)
+	}
+	if lim.Burst() != burst {
+		lim.SetBurst(burst)
+	}
 	now := time.Now()
 	res := lim.ReserveN(now, 1)
 	if d := res.DelayFrom(now); d > 0 {

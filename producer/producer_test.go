@@ -379,6 +379,37 @@ func TestRateLimit(t *testing.T) {
 	}
 }
 
+// A client's own limits take the place of the defaults, and a change is
+// applied within the key cache's TTL without a restart.
+func TestClientsOwnRateLimit(t *testing.T) {
+	t.Parallel()
+	h := setup(t, producer.Options{})
+	ctx := t.Context()
+	slow, err := tenant.CreateLimited(ctx, h.pool, "slow", tenant.Limits{Rate: 0.001, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := []string{"Authorization", "Bearer " + slow.APIKey}
+	if r := h.do("GET", "/v1/orders/"+uuid.NewString(), "", as...); r.status != 404 {
+		t.Fatalf("first request: %d %s", r.status, r.body)
+	}
+	if r := h.do("GET", "/v1/orders/"+uuid.NewString(), "", as...); r.status != http.StatusTooManyRequests {
+		t.Fatalf("second request of a client limited to a burst of 1: %d %s", r.status, r.body)
+	}
+	// The default client is not limited by the other's limits.
+	for i := range 20 {
+		if r := h.do("GET", "/v1/orders/"+uuid.NewString(), ""); r.status != 404 {
+			t.Fatalf("default client request %d: %d", i, r.status)
+		}
+	}
+	if err := tenant.SetLimits(ctx, h.pool, slow.ClientID, tenant.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 15*time.Second, "the cleared limit to apply", func() bool {
+		return h.do("GET", "/v1/orders/"+uuid.NewString(), "", as...).status == 404
+	})
+}
+
 func TestInFlightBound(t *testing.T) {
 	t.Parallel()
 	// A long server deadline: the held request must still be reading its

@@ -47,8 +47,8 @@ const FailAfterTokenClaim = "intake.after-token-claim"
 // Environment variables that only the intake reads.
 var (
 	EnvTimeout     = config.Register("ORDERPIPE_INTAKE_TIMEOUT", "the intake's deadline for its own work on one request (database and broker calls); clients' per-attempt timeouts must be longer", "5s")
-	EnvRateLimit   = config.Register("ORDERPIPE_RATE_LIMIT", "requests per second that one API client may send to the intake (token bucket rate)", "50")
-	EnvRateBurst   = config.Register("ORDERPIPE_RATE_BURST", "burst of one API client's token bucket", "100")
+	EnvRateLimit   = config.Register("ORDERPIPE_RATE_LIMIT", "requests per second that one API client may send to the intake (token bucket rate), unless the client has its own (clients create --rate-limit)", "1000")
+	EnvRateBurst   = config.Register("ORDERPIPE_RATE_BURST", "burst of one API client's token bucket, unless the client has its own (clients create --burst)", "2000")
 	EnvMaxInFlight = config.Register("ORDERPIPE_MAX_IN_FLIGHT", "requests the intake handles at once; more get 503 (code 103) at once", "256")
 )
 
@@ -61,8 +61,8 @@ var (
 // Defaults of Options.
 const (
 	DefaultTimeout              = 5 * time.Second
-	DefaultRateLimit            = 50
-	DefaultRateBurst            = 100
+	DefaultRateLimit            = 1000
+	DefaultRateBurst            = 2000
 	DefaultMaxInFlight          = 256
 	DefaultInlinePublishTimeout = time.Second
 	DefaultMaxStreams           = 1024
@@ -78,8 +78,9 @@ type Options struct {
 	// (authentication, the order transaction, the inline publish) happens
 	// within it. Clients set their per-attempt timeout above it.
 	Timeout time.Duration
-	// RateLimit is the per-client rate in requests per second; RateBurst
-	// its bucket size.
+	// RateLimit is the default per-client rate in requests per second;
+	// RateBurst its bucket size. A client's own limits
+	// (tenant.Client.Limits) take their place.
 	RateLimit float64
 	RateBurst int
 	// MaxInFlight bounds the requests handled at once.

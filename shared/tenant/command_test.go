@@ -56,6 +56,35 @@ func TestClientsCreate(t *testing.T) {
 	}
 }
 
+// A client's own rate limit: set at creation, changed later, cleared back
+// to the default; an unknown client id is an error, not a silent no-op.
+func TestClientsRateLimit(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	out, err := runClients(t, db.URL, "create", "--name", "busy shop", "--rate-limit", "2500", "--burst", "5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var creds tenant.Credentials
+	if err := json.Unmarshal([]byte(out), &creds); err != nil {
+		t.Fatal(err)
+	}
+	c, err := tenant.Authenticate(t.Context(), db.Pool, creds.APIKey)
+	if err != nil || c.Limits != (tenant.Limits{Rate: 2500, Burst: 5000}) {
+		t.Fatalf("created with %+v (%v)", c.Limits, err)
+	}
+	out, err = runClients(t, db.URL, "set-rate-limit", "--id", creds.ClientID.String(), "--rate-limit", "0.5")
+	if err != nil || !strings.Contains(out, `"rate_limit":0.5`) || strings.Contains(out, "rate_burst") {
+		t.Fatalf("set-rate-limit: %q %v", out, err)
+	}
+	if c, err := tenant.Get(t.Context(), db.Pool, creds.ClientID); err != nil || c.Limits != (tenant.Limits{Rate: 0.5}) {
+		t.Fatalf("after set-rate-limit: %+v %v", c.Limits, err)
+	}
+	if _, err := runClients(t, db.URL, "set-rate-limit", "--id", "0190b0b0-0000-7000-8000-000000000001", "--rate-limit", "5"); !errors.Is(err, tenant.ErrNoClient) {
+		t.Fatalf("unknown client: %v", err)
+	}
+}
+
 func TestClientsMalformedCommandLines(t *testing.T) {
 	t.Parallel()
 	cases := [][]string{
@@ -70,6 +99,17 @@ func TestClientsMalformedCommandLines(t *testing.T) {
 		{"create", "--nome", "x"},
 		{"create", "--name"},
 		{"--bogus", "create"},
+		{"create", "--name", "x", "--rate-limit", "-1"},
+		{"create", "--name", "x", "--rate-limit", "fast"},
+		{"create", "--name", "x", "--rate-limit", "NaN"},
+		{"create", "--name", "x", "--rate-limit", "1e9"},
+		{"create", "--name", "x", "--burst", "-5"},
+		{"create", "--name", "x", "--burst", "1.5"},
+		{"create", "--name", "x", "--id", "0190b0b0-0000-7000-8000-000000000001"},
+		{"set-rate-limit"},
+		{"set-rate-limit", "--id", "42"},
+		{"set-rate-limit", "--id", "0190b0b0-0000-7000-8000-000000000001", "--name", "x"},
+		{"set-rate-limit", "--id", "0190b0b0-0000-7000-8000-000000000001", "--rate-limit", "-3"},
 	}
 	for _, args := range cases {
 		_, err := runClients(t, "postgres://unused.invalid/x", args...)

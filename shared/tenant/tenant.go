@@ -32,6 +32,42 @@ type Client struct {
 	Name          string
 	WebhookSecret string
 	CreatedAt     time.Time
+	// Limits is the client's own rate limit at the intake; zero fields
+	// mean the intake's defaults.
+	Limits Limits
+}
+
+// Limits is a client's rate limit at the intake: Rate requests per second
+// with a bucket of Burst. A zero field means the intake's default for it.
+type Limits struct {
+	Rate  float64 `json:"rate_limit,omitempty"`
+	Burst int     `json:"rate_burst,omitempty"`
+}
+
+// MaxRate and MaxBurst bound a client's stored limits.
+const (
+	MaxRate  = 1e6
+	MaxBurst = 1e7
+)
+
+// Validate checks limits: each zero (the default) or positive and within
+// MaxRate and MaxBurst.
+func (l Limits) Validate() error {
+	if l.Rate < 0 || l.Rate > MaxRate || l.Rate != l.Rate {
+		return fmt.Errorf("rate limit must be between 0 (the default) and %g requests per second, got %v", float64(MaxRate), l.Rate)
+	}
+	if l.Burst < 0 || l.Burst > MaxBurst {
+		return fmt.Errorf("burst must be between 0 (the default) and %d, got %d", int(MaxBurst), l.Burst)
+	}
+	return nil
+}
+
+// nullable is how a limit is stored: NULL for the default.
+func nullable[T float64 | int](v T) *T {
+	if v == 0 {
+		return nil
+	}
+	return &v
 }
 
 // APIKeyPrefix starts every API key, so a leaked key is recognisable.
@@ -57,10 +93,19 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// Create registers a client and returns its credentials; the API key is
-// not kept and cannot be shown again.
+// Create registers a client with the intake's default rate limit and
+// returns its credentials; the API key is not kept and cannot be shown
+// again.
 func Create(ctx context.Context, pool *pgxpool.Pool, name string) (Credentials, error) {
+	return CreateLimited(ctx, pool, name, Limits{})
+}
+
+// CreateLimited is Create with the client's own rate limit.
+func CreateLimited(ctx context.Context, pool *pgxpool.Pool, name string, limits Limits) (Credentials, error) {
 	if err := ValidateName(name); err != nil {
+		return Credentials{}, err
+	}
+	if err := limits.Validate(); err != nil {
 		return Credentials{}, err
 	}
 	c := Credentials{
@@ -69,12 +114,41 @@ func Create(ctx context.Context, pool *pgxpool.Pool, name string) (Credentials, 
 		WebhookSecret: WebhookSecretPrefix + base64.StdEncoding.EncodeToString(randomBytes(32)),
 	}
 	h := HashKey(c.APIKey)
-	_, err := pool.Exec(ctx, `INSERT INTO api_clients (client_id, name, api_key_hash, webhook_secret) VALUES ($1, $2, $3, $4)`,
-		c.ClientID, name, h[:], c.WebhookSecret)
+	_, err := pool.Exec(ctx, `INSERT INTO api_clients (client_id, name, api_key_hash, webhook_secret, rate_limit, rate_burst)
+		VALUES ($1, $2, $3, $4, $5, $6)`, c.ClientID, name, h[:], c.WebhookSecret, nullable(limits.Rate), nullable(limits.Burst))
 	if err != nil {
 		return Credentials{}, fmt.Errorf("create client %q: %w", name, err)
 	}
 	return c, nil
+}
+
+// ErrNoClient: no client has that id.
+var ErrNoClient = errors.New("no such client")
+
+// SetLimits changes a client's rate limit (zero fields: back to the
+// default). Intake processes apply it within their key cache's TTL.
+func SetLimits(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, limits Limits) error {
+	if err := limits.Validate(); err != nil {
+		return err
+	}
+	tag, err := pool.Exec(ctx, `UPDATE api_clients SET rate_limit = $2, rate_burst = $3 WHERE client_id = $1`,
+		id, nullable(limits.Rate), nullable(limits.Burst))
+	if err != nil {
+		return fmt.Errorf("set rate limit of client %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("set rate limit of client %s: %w", id, ErrNoClient)
+	}
+	return nil
+}
+
+// clientColumns and scan read a Client.
+const clientColumns = `client_id, name, webhook_secret, created_at, coalesce(rate_limit, 0), coalesce(rate_burst, 0)`
+
+func scan(row pgx.Row) (Client, error) {
+	var c Client
+	err := row.Scan(&c.ID, &c.Name, &c.WebhookSecret, &c.CreatedAt, &c.Limits.Rate, &c.Limits.Burst)
+	return c, err
 }
 
 // HashKey returns the stored form of an API key. Keys carry 256 random
@@ -88,9 +162,7 @@ func Authenticate(ctx context.Context, pool *pgxpool.Pool, apiKey string) (Clien
 		return Client{}, ErrUnauthenticated
 	}
 	h := HashKey(apiKey)
-	var c Client
-	err := pool.QueryRow(ctx, `SELECT client_id, name, webhook_secret, created_at FROM api_clients WHERE api_key_hash = $1`, h[:]).
-		Scan(&c.ID, &c.Name, &c.WebhookSecret, &c.CreatedAt)
+	c, err := scan(pool.QueryRow(ctx, `SELECT `+clientColumns+` FROM api_clients WHERE api_key_hash = $1`, h[:]))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Client{}, ErrUnauthenticated
 	}
@@ -102,9 +174,10 @@ func Authenticate(ctx context.Context, pool *pgxpool.Pool, apiKey string) (Clien
 
 // Get returns a client by id.
 func Get(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID) (Client, error) {
-	var c Client
-	err := pool.QueryRow(ctx, `SELECT client_id, name, webhook_secret, created_at FROM api_clients WHERE client_id = $1`, id).
-		Scan(&c.ID, &c.Name, &c.WebhookSecret, &c.CreatedAt)
+	c, err := scan(pool.QueryRow(ctx, `SELECT `+clientColumns+` FROM api_clients WHERE client_id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Client{}, fmt.Errorf("get client %s: %w", id, ErrNoClient)
+	}
 	if err != nil {
 		return Client{}, fmt.Errorf("get client %s: %w", id, err)
 	}
