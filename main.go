@@ -23,6 +23,7 @@ import (
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/devenv"
+	"orderpipe/shared/failpoint"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tenant"
@@ -86,6 +87,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cmd == nil {
 		fmt.Fprintf(stderr, "orderpipe: unknown command %q\n\n", args[0])
 		usage(stderr)
+		return 2
+	}
+	if err := failpoint.FromEnv(); err != nil {
+		fmt.Fprintf(stderr, "orderpipe: %v\n", err)
 		return 2
 	}
 	fs := flag.NewFlagSet("orderpipe "+cmd.Name, flag.ContinueOnError)

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"orderpipe/shared/config"
+	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
 	"orderpipe/shared/testenv"
 )
@@ -171,6 +172,17 @@ func TestBadEnvironment(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A malformed ORDERPIPE_FAILPOINTS stops the binary at start with exit 2,
+// naming the variable; no library exits the process on it.
+func TestBadFailpoints(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv(failpoint.EnvVar, "intake.after-commit=boom")
+	code, out, errOut := orderpipe(t, "migrate", "status")
+	if code != 2 || out != "" || !strings.Contains(errOut, failpoint.EnvVar) || !strings.Contains(errOut, "boom") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
 

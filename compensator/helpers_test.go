@@ -21,6 +21,7 @@ import (
 	"orderpipe/compensator"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
@@ -44,6 +45,9 @@ const childEnv = "COMPENSATOR_TEST_CHILD"
 // environment like the real binary (failpoints included).
 func runChild() int {
 	cfg, err := config.FromEnv()
+	if err == nil {
+		err = failpoint.FromEnv()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

@@ -41,6 +41,9 @@ const childEnv = "CONSUMERS_TEST_CHILD"
 // TestMain when the test binary is started as a child.
 func runChild() int {
 	cfg, err := config.FromEnv()
+	if err == nil {
+		err = failpoint.FromEnv()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

@@ -1,8 +1,9 @@
 // Package failpoint lets tests stop a process at a named crash point, to
 // show that a guarantee holds when the process dies exactly there.
 //
-// A failpoint is armed by the environment (for a child process that a test
-// starts and expects to die) or in-process by Enable (for a test that wants
+// A failpoint is armed by the environment, read once by the binary at
+// start with FromEnv (for a child process that a test starts and expects
+// to die), or in-process by Enable (for a test that wants
 // an error returned at that point):
 //
 //	ORDERPIPE_FAILPOINTS=intake.after-commit=exit,consumer.after-commit=exit
@@ -47,13 +48,18 @@ var (
 	table = map[string]*action{}
 )
 
-func init() {
-	if v := os.Getenv(EnvVar); v != "" {
-		if err := Parse(v); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", EnvVar, err)
-			os.Exit(2)
-		}
+// FromEnv arms the failpoints of ORDERPIPE_FAILPOINTS, if set. The binary
+// calls it once at start (and refuses to start on an error); a library
+// never does, so nothing arms a failpoint behind a program's back.
+func FromEnv() error {
+	v := os.Getenv(EnvVar)
+	if v == "" {
+		return nil
 	}
+	if err := Parse(v); err != nil {
+		return fmt.Errorf("%s: %w", EnvVar, err)
+	}
+	return nil
 }
 
 // Parse arms the failpoints of a spec like "a=exit,b=error@2".
