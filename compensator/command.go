@@ -30,6 +30,7 @@ type flags struct {
 	interval                   time.Duration
 	batchSize                  int
 	dedupeRetention            time.Duration
+	outboxRetention            time.Duration
 }
 
 func (f *flags) setup(fs *flag.FlagSet) {
@@ -44,12 +45,14 @@ func (f *flags) setup(fs *flag.FlagSet) {
 	fs.DurationVar(&f.interval, "interval", DefaultInterval, "time between passes of the daemon")
 	fs.IntVar(&f.batchSize, "batch-size", DefaultBatchSize, "stuck orders claimed per transaction")
 	fs.DurationVar(&f.dedupeRetention, "dedupe-retention", DefaultDedupeRetention, "how long processed_messages rows are kept")
+	fs.DurationVar(&f.outboxRetention, "outbox-retention", DefaultOutboxRetention, "how long published outbox rows of orders no longer open are kept")
 }
 
 // config turns the flags into a Config; set says which flags were given.
 func (f *flags) config(set map[string]bool) (Config, error) {
 	for name, d := range map[string]time.Duration{"stuck-after": f.stuckAfter, "stuck-processing": f.processing,
-		"stuck-reserved": f.reserved, "stuck-paid": f.paid, "interval": f.interval, "dedupe-retention": f.dedupeRetention} {
+		"stuck-reserved": f.reserved, "stuck-paid": f.paid, "interval": f.interval, "dedupe-retention": f.dedupeRetention,
+		"outbox-retention": f.outboxRetention} {
 		if set[name] && d <= 0 {
 			return Config{}, cli.Usagef("--%s must be a positive duration, got %s", name, d)
 		}
@@ -63,7 +66,7 @@ func (f *flags) config(set map[string]bool) (Config, error) {
 	cfg := Config{
 		StuckProcessing: f.stuckAfter, StuckReserved: f.stuckAfter, StuckPaid: f.stuckAfter,
 		MaxAttempts: f.maxAttempts, Interval: f.interval, BatchSize: f.batchSize,
-		DedupeRetention: f.dedupeRetention, DryRun: f.dryRun, Once: f.once || f.dryRun, Force: f.force,
+		DedupeRetention: f.dedupeRetention, OutboxRetention: f.outboxRetention, DryRun: f.dryRun, Once: f.once || f.dryRun, Force: f.force,
 	}
 	var err error
 	if cfg.ConsumerHorizon, err = ConsumerHorizon(); err != nil {
@@ -90,7 +93,7 @@ func Command() cli.Command {
 	return cli.Command{
 		Name:    "compensator",
 		Summary: "find orders stuck in a non-terminal state; re-drive them or unwind them (cancel, release stock, refund); sweep dedupe rows",
-		Usage:   "[--once] [--dry-run] [--force] [--stuck-after D | --stuck-processing D --stuck-reserved D --stuck-paid D] [--max-attempts N] [--interval D] [--batch-size N] [--dedupe-retention D]",
+		Usage:   "[--once] [--dry-run] [--force] [--stuck-after D | --stuck-processing D --stuck-reserved D --stuck-paid D] [--max-attempts N] [--interval D] [--batch-size N] [--dedupe-retention D] [--outbox-retention D]",
 		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, config.EnvShutdownTimeout,
 			redelivery.EnvAckWait, redelivery.EnvMaxDeliver),
 		Setup: f.setup,

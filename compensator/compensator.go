@@ -129,6 +129,9 @@ type Result struct {
 	Swept int64
 	// TokensSwept counts expired unused idempotency tokens deleted.
 	TokensSwept int64
+	// OutboxPruned counts published outbox rows of finished orders
+	// deleted after the outbox retention.
+	OutboxPruned int64
 	// Actions lists every action, in the order taken.
 	Actions []Action
 	// DryRun marks a pass that wrote nothing.
@@ -158,8 +161,8 @@ func (r Result) Summary() string {
 	if r.BrokerUnavailable {
 		prefix += " (broker unavailable: nothing re-driven or unwound)"
 	}
-	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d, healed %d; outbox republished %d; dedupe rows swept %d; expired tokens swept %d; oldest open order %s; took %s",
-		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Healed, r.Republished, r.Swept, r.TokensSwept,
+	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d, healed %d; outbox republished %d; dedupe rows swept %d; outbox rows pruned %d; expired tokens swept %d; oldest open order %s; took %s",
+		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Healed, r.Republished, r.Swept, r.OutboxPruned, r.TokensSwept,
 		r.OldestOpen.Round(time.Second), r.Took.Round(time.Millisecond))
 }
 
@@ -220,7 +223,7 @@ func (c *Compensator) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			c.logger.Warn("compensator pass", slog.Any("error", err), slog.String("summary", res.Summary()))
-		} else if len(res.Actions) > 0 || res.Republished > 0 || res.Swept > 0 || res.TokensSwept > 0 {
+		} else if len(res.Actions) > 0 || res.Republished > 0 || res.Swept > 0 || res.TokensSwept > 0 || res.OutboxPruned > 0 {
 			c.logger.Info("compensator pass", slog.String("summary", res.Summary()))
 		}
 		select {
@@ -744,8 +747,9 @@ func (c *Compensator) republish(ctx context.Context, res *Result) error {
 	return nil
 }
 
-// sweep deletes processed_messages rows older than the retention and
-// idempotency tokens that expired unused longer than their retention ago,
+// sweep deletes processed_messages rows older than the retention,
+// published outbox rows of finished orders older than the outbox
+// retention, and idempotency tokens that expired unused longer than their retention ago,
 // in batches, then counts the tokens per state for the gauge.
 func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 	for {
@@ -758,6 +762,24 @@ func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 			return fmt.Errorf("sweep expired dedupe rows: %w", err)
 		}
 		res.Swept += tag.RowsAffected()
+		if tag.RowsAffected() < int64(c.cfg.SweepBatchSize) {
+			break
+		}
+	}
+	// Published events of orders that are no longer open: the order's
+	// history stays in order_events; heal needs only open orders' rows.
+	// Old rows come first in id order, so the primary key finds them.
+	for {
+		tag, err := c.pool.Exec(ctx, `
+			DELETE FROM outbox WHERE id = ANY (ARRAY(
+				SELECT ob.id FROM outbox ob
+				WHERE ob.published_at < now() - make_interval(secs => $1::float8)
+				  AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.order_id = ob.order_id AND o.status IN ('processing', 'reserved', 'paid'))
+				ORDER BY ob.id LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.OutboxRetention.Seconds(), c.cfg.SweepBatchSize)
+		if err != nil {
+			return fmt.Errorf("prune published outbox rows: %w", err)
+		}
+		res.OutboxPruned += tag.RowsAffected()
 		if tag.RowsAffected() < int64(c.cfg.SweepBatchSize) {
 			break
 		}

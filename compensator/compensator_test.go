@@ -573,3 +573,30 @@ func TestPassSweepsExpiredTokens(t *testing.T) {
 		t.Fatalf("unused gauge %v, want 1", got)
 	}
 }
+
+// A pass prunes published outbox rows of finished orders past the outbox
+// retention; it keeps pending rows, young rows and every row of an open
+// order (heal reads them).
+func TestPassPrunesPublishedOutboxRows(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	done := w.newOrder(spec{status: order.StatusCancelled})
+	open := w.newOrder(spec{status: order.StatusReserved})
+	w.exec(`INSERT INTO outbox (msg_id, event, payload, headers, order_id, published_at, created_at) VALUES
+		('done-old', 'confirmed', '{}', '{}', $1, now() - interval '4 days', now() - interval '4 days'),
+		('done-young', 'confirmed', '{}', '{}', $1, now() - interval '1 hour', now() - interval '1 hour'),
+		('open-old', 'reserved', '{}', '{}', $2, now() - interval '4 days', now() - interval '4 days')`, done, open)
+	before := w.int(`SELECT count(*) FROM outbox`)
+	res := w.pass(w.comp(w.cfg(3), w.psp))
+	if res.OutboxPruned < 1 || w.int(`SELECT count(*) FROM outbox WHERE msg_id = 'done-old'`) != 0 {
+		t.Fatalf("pruned %d: %s", res.OutboxPruned, res.Summary())
+	}
+	for _, kept := range []string{"done-young", "open-old"} {
+		if w.int(`SELECT count(*) FROM outbox WHERE msg_id = $1`, kept) != 1 {
+			t.Errorf("%s was pruned", kept)
+		}
+	}
+	if after := w.int(`SELECT count(*) FROM outbox`); after != before-int(res.OutboxPruned) {
+		t.Fatalf("outbox rows %d → %d, pruned %d", before, after, res.OutboxPruned)
+	}
+}

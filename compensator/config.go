@@ -26,6 +26,10 @@ const (
 	DefaultBatchSize       = 100
 	DefaultDedupeRetention = 72 * time.Hour
 	DefaultOutboxMinAge    = 30 * time.Second
+	// DefaultOutboxRetention is how long a published event of a finished
+	// order stays in the outbox (for orders inspect and the chaos
+	// checker's duplicates) before the sweep deletes it.
+	DefaultOutboxRetention = 72 * time.Hour
 	// DefaultHealMinAge is how long an open order must have been idle
 	// before its lost event is published again. Heal acts only on evidence
 	// that the stream no longer holds the event, so it need not wait for
@@ -67,6 +71,9 @@ type Config struct {
 	// OutboxMinAge: outbox rows pending for longer are published again by
 	// each pass.
 	OutboxMinAge time.Duration
+	// OutboxRetention is how long a published outbox row of an order that
+	// is no longer open is kept before the sweep deletes it.
+	OutboxRetention time.Duration
 	// TokenRetention is how long an idempotency token that expired unused
 	// is kept (answering "expired", counted as expired) before the sweep
 	// deletes it.
@@ -113,6 +120,7 @@ func (c Config) withDefaults() Config {
 	def(&c.OutboxMinAge, DefaultOutboxMinAge)
 	def(&c.HealMinAge, DefaultHealMinAge)
 	def(&c.TokenRetention, idemtoken.DefaultRetention)
+	def(&c.OutboxRetention, DefaultOutboxRetention)
 	def(&c.ConsumerHorizon, DefaultConsumerHorizon)
 	def(&c.DuplicateWindow, natsjs.DuplicateWindow)
 	if c.MaxAttempts == 0 {
