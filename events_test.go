@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -224,5 +225,30 @@ func TestEventsTailMalformedAndMissing(t *testing.T) {
 	code, _, errOut = orderpipe(t, "events", "tail", "--stream", "NO_SUCH_"+n.Topology.Stream, "--prefix", n.Topology.Prefix)
 	if code != 1 || !strings.Contains(errOut, "stream NO_SUCH_"+n.Topology.Stream+" not found") {
 		t.Errorf("a missing stream: exit %d, %q", code, errOut)
+	}
+}
+
+// The README's "Subscribing to order events" names every subject and
+// header the code defines.
+func TestReadmeDocumentsTheEvents(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "\n## Subscribing to order events\n")
+	if !ok {
+		t.Fatal("README.md has no section Subscribing to order events")
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	var want []string
+	for _, n := range orderevent.Names() {
+		want = append(want, "`"+orderevent.DefaultTopology.Subject(n)+"`")
+	}
+	want = append(want, orderevent.HeaderMsgID, orderevent.HeaderOrderID, orderevent.HeaderClientID, orderevent.HeaderRequestID,
+		orderevent.HeaderEvent, "traceparent", "shared/orderevent/asyncapi.yaml", "orderpipe events tail", "examples/subscriber/")
+	for _, w := range want {
+		if !strings.Contains(sec, w) {
+			t.Errorf("the README's subscribing section does not mention %s", w)
+		}
 	}
 }
