@@ -10,12 +10,14 @@ package contract
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"go.yaml.in/yaml/v3"
 
@@ -176,6 +178,36 @@ func (e *Events) Validate(t orderevent.Topology, subject string, h map[string][]
 		return fmt.Errorf("%w: %s %q is not the payload's id %q with a heal or replay suffix", ErrViolation, orderevent.HeaderMsgID, id, ev.MsgID())
 	}
 	return nil
+}
+
+// ValidateStream reads every message the stream of t holds and validates
+// each one (Validate). It returns the messages and the violations joined
+// (nil when every message matches).
+func (e *Events) ValidateStream(ctx context.Context, js jetstream.JetStream, t orderevent.Topology) ([]*jetstream.RawStreamMsg, error) {
+	st, err := js.Stream(ctx, t.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", t.Stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", t.Stream, err)
+	}
+	var msgs []*jetstream.RawStreamMsg
+	var errs []error
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // deleted
+		}
+		if err != nil {
+			return msgs, fmt.Errorf("read stream %s sequence %d: %w", t.Stream, seq, err)
+		}
+		msgs = append(msgs, m)
+		if err := e.Validate(t, m.Subject, m.Header, m.Data); err != nil {
+			errs = append(errs, fmt.Errorf("stream sequence %d (%s, headers %v, payload %s): %w", seq, m.Subject, m.Header, m.Data, err))
+		}
+	}
+	return msgs, errors.Join(errs...)
 }
 
 const openAPIURL = "urn:orderpipe:openapi.json"

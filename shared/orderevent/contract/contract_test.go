@@ -58,7 +58,7 @@ func TestEveryEventMatchesItsSchema(t *testing.T) {
 			}
 			h := headers(e)
 			h[orderevent.HeaderMsgID] = []string{e.MsgID() + ":heal42:dlq7.1"}
-			h["Orderpipe-Replay-Of"] = []string{"7"}
+			h[orderevent.HeaderReplayOf] = []string{"7"}
 			if err := ev.Validate(topo, topo.Subject(name), h, b); err != nil {
 				t.Errorf("%s healed and replayed: %v", name, err)
 			}
@@ -146,6 +146,11 @@ func TestHeadersDocumented(t *testing.T) {
 		}
 	}
 	h := headers(e)
+	h[orderevent.HeaderReplayOf] = []string{"x"}
+	if err := ev.ValidateHeaders(h); !errors.Is(err, contract.ErrViolation) {
+		t.Errorf("%s not a dead letter id: %v, want a violation", orderevent.HeaderReplayOf, err)
+	}
+	h = headers(e)
 	h["Orderpipe-Something-New"] = []string{"x"}
 	if err := ev.ValidateHeaders(h); !errors.Is(err, contract.ErrViolation) {
 		t.Errorf("an undocumented header: %v, want a violation", err)
