@@ -252,3 +252,13 @@ func TestReadmeDocumentsTheEvents(t *testing.T) {
 		}
 	}
 }
+
+// An unreachable broker is a clear error, not a hang.
+func TestEventsTailUnreachableBroker(t *testing.T) {
+	cleanEnv(t)
+	t.Setenv(config.EnvNATSURL, "nats://127.0.0.1:1")
+	code, out, errOut := orderpipe(t, "events", "tail")
+	if code != 1 || out != "" || !strings.Contains(errOut, "follow stream ORDERS: the broker is unreachable") {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}

@@ -116,6 +116,9 @@ func Tail(ctx context.Context, js jetstream.JetStream, t Topology, o TailOptions
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("stream %s not found: is NATS_URL the deployment's broker, and has a part started?", t.Stream)
 	}
+	if err != nil && !js.Conn().IsConnected() {
+		return fmt.Errorf("follow stream %s: the broker is unreachable: %w", t.Stream, err)
+	}
 	if err != nil {
 		return fmt.Errorf("follow stream %s: %w", t.Stream, err)
 	}
