@@ -45,7 +45,7 @@ func commands() []cli.Command {
 		consumers.DLQCommand(),
 		psp.Command(),
 		compensator.Command(), compensator.OrdersCommand(),
-		chaosCommand(), checkCommand(), natsNodeCommand(),
+		chaosCommand(), checkCommand(), natsNodeCommand(), eventsCommand(),
 		webhook.Command(), mcp.Command(func(env *app.Env) (mcp.Intake, error) {
 			o, err := producer.OptionsFromEnv()
 			return producer.NewService(env, o), err

@@ -48,6 +48,7 @@ func (b *lockedBuffer) String() string {
 type hook struct {
 	header http.Header
 	body   map[string]any
+	raw    []byte
 }
 
 // TestPipelineEndToEnd runs every part of `orderpipe dev` in this process
@@ -55,7 +56,8 @@ type hook struct {
 // URL, and checks what ops rely on: each order's trace id runs from the
 // intake through every handler into the webhook request; every log line
 // about an order names it (request_id, order_id, client_id, trace_id); and
-// no secret ever reaches the log.
+// no secret ever reaches the log; and every event and webhook matches its
+// published schema (checkContract).
 func TestPipelineEndToEnd(t *testing.T) {
 	db, n := testenv.DB(t), testenv.NATS(t)
 	exp := tracetest.NewInMemoryExporter()
@@ -130,7 +132,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 		var body map[string]any
 		_ = json.Unmarshal(b, &body)
 		mu.Lock()
-		hooks = append(hooks, hook{header: r.Header.Clone(), body: body})
+		hooks = append(hooks, hook{header: r.Header.Clone(), body: body, raw: b})
 		mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	}))
@@ -163,6 +165,12 @@ func TestPipelineEndToEnd(t *testing.T) {
 		return len(hooks) >= orders*4
 	})
 	stop()
+
+	// The contract: every event on the stream and every webhook received
+	// match the AsyncAPI and OpenAPI documents.
+	mu.Lock()
+	checkContract(t, n, hooks, orders)
+	mu.Unlock()
 
 	// Traces: the intake's trace id for each order, from its log line.
 	acceptedTrace := map[string]string{}

@@ -170,6 +170,7 @@ func TestEventLostInEachStateIsRedrivenToConfirmed(t *testing.T) {
 	if res := w.pass(w.comp(w.cfg(3), w.psp)); len(res.Actions) != 0 {
 		t.Fatalf("acted on confirmed orders: %+v", res.Actions)
 	}
+	w.holdsTheContract()
 }
 
 // The consumers are down while an order is stuck: the compensator's

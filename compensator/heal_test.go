@@ -67,6 +67,7 @@ func TestHealAStreamCreatedAfterTheEvents(t *testing.T) {
 	if n := w.int(`SELECT count(*) FROM compensator_actions WHERE action = 'heal'`); n != len(ids) {
 		t.Fatalf("%d heal actions recorded, want %d", n, len(ids))
 	}
+	w.holdsTheContract()
 }
 
 // TestHealEventsGoneFromTheStream: the stream is purged (the sequences fall
@@ -101,4 +102,5 @@ func TestHealEventsGoneFromTheStream(t *testing.T) {
 		t.Fatalf("healed %v, want the purged %s and the deleted %s (not %s)\n%+v", healed, purged, deleted, kept, res.Actions)
 	}
 	w.healed(purged, deleted)
+	w.holdsTheContract()
 }

@@ -118,6 +118,7 @@ func TestRenotifyAFinalEventTheBrokerLost(t *testing.T) {
 	if n := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1 AND action = 'renotify'`, lost.OrderID); n != 3 {
 		t.Fatalf("%d re-notifications, want MaxAttempts = 3", n)
 	}
+	w.holdsTheContract()
 }
 
 func mapsEqual(a, b map[string]string) bool {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -136,10 +137,13 @@ func ReplayDeadLetter(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetS
 		newID = fmt.Sprintf("%s:dlq%d.%d", d.MessageID, d.ID, d.Replays+1)
 		msg := &nats.Msg{Subject: d.Subject, Data: d.Payload, Header: nats.Header{}}
 		for k, v := range d.Headers {
+			if k == middleware.CorrelationIDMetadataKey {
+				continue // the router's metadata, not a header of the event (see orderevent.AsyncAPI)
+			}
 			msg.Header.Set(k, v)
 		}
 		msg.Header.Set(orderevent.HeaderMsgID, newID)
-		msg.Header.Set("Orderpipe-Replay-Of", fmt.Sprint(d.ID))
+		msg.Header.Set(orderevent.HeaderReplayOf, fmt.Sprint(d.ID))
 		if _, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(newID)); err != nil {
 			return fmt.Errorf("publish replay of dead letter %d: %w", id, err)
 		}

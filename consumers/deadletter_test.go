@@ -22,6 +22,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
+	"orderpipe/shared/orderevent/contract"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/testenv"
 )
@@ -156,6 +157,25 @@ func TestPoisonOrderLeftThenReplayed(t *testing.T) {
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
 	})
 	e.CheckInvariants(t)
+	// The replays match the published contract (Nats-Msg-Id
+	// <id>:dlq<letter>.<n>, Orderpipe-Replay-Of).
+	ev, err := contract.DefaultEvents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := ev.ValidateStream(t.Context(), e.NATS.JS, e.App.Topology)
+	if err != nil {
+		t.Error(err)
+	}
+	replays := 0
+	for _, m := range msgs {
+		if m.Header.Get(orderevent.HeaderReplayOf) == fmt.Sprint(dl.ID) {
+			replays++
+		}
+	}
+	if replays != 2 {
+		t.Errorf("the stream holds %d replays of dead letter %d, want 2", replays, dl.ID)
+	}
 	out.Reset()
 	if err := runCmd(t, consumers.DLQCommand(), config.Config{DatabaseURL: e.DB.URL}, &out, "list", "--all"); err != nil || !strings.Contains(out.String(), "inventory") {
 		t.Fatalf("dlq list: %v\n%s", err, out.String())

@@ -21,8 +21,10 @@ import (
 
 	"orderpipe/consumers/notify"
 	"orderpipe/consumers/pipetest"
+	"orderpipe/producer"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
+	"orderpipe/shared/orderevent/contract"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/testenv"
@@ -38,9 +40,11 @@ type hook struct {
 }
 
 // receiver verifies every request with the Standard Webhooks library and
-// answers 503 to the first failFirst attempts of each webhook id.
+// against the webhook documented in openapi.json, and answers 503 to the
+// first failFirst attempts of each webhook id.
 type receiver struct {
 	wh        *standardwebhooks.Webhook
+	contract  *contract.Webhooks
 	failFirst int
 
 	mu        sync.Mutex
@@ -57,6 +61,9 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rc.problems = append(rc.problems, "bad signature: "+err.Error())
 		w.WriteHeader(http.StatusUnauthorized)
 		return
+	}
+	if err := rc.contract.Validate(r.Header, body); err != nil {
+		rc.problems = append(rc.problems, err.Error())
 	}
 	var p struct {
 		Type string `json:"type"`
@@ -105,7 +112,11 @@ func TestWebhooksEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := &receiver{wh: wh, failFirst: 2, attempts: map[string]int{}}
+	doc, err := contract.LoadWebhooks(producer.OpenAPI(), "orderStatusChanged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &receiver{wh: wh, contract: doc, failFirst: 2, attempts: map[string]int{}}
 	srv := httptest.NewTLSServer(rc)
 	t.Cleanup(srv.Close)
 

@@ -78,6 +78,9 @@ const (
 	HeaderOrderID   = "Orderpipe-Order-Id"
 	HeaderClientID  = "Orderpipe-Client-Id"
 	HeaderEvent     = "Orderpipe-Event"
+	// HeaderReplayOf is set on a dead-letter replay only: the dead
+	// letter's id.
+	HeaderReplayOf = "Orderpipe-Replay-Of"
 )
 
 // Event is the JSON payload of every message on the ORDERS stream. The
