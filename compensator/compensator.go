@@ -747,52 +747,54 @@ func (c *Compensator) republish(ctx context.Context, res *Result) error {
 	return nil
 }
 
+// drain calls del, one batch of deletes at a time, until a batch is short,
+// adding what it deleted to *n.
+func (c *Compensator) drain(n *int64, del func() (int64, error)) error {
+	for {
+		k, err := del()
+		*n += k
+		if err != nil || k < int64(c.cfg.SweepBatchSize) {
+			return err
+		}
+	}
+}
+
 // sweep deletes processed_messages rows older than the retention,
 // published outbox rows of finished orders older than the outbox
 // retention, and idempotency tokens that expired unused longer than their retention ago,
 // in batches, then counts the tokens per state for the gauge.
 func (c *Compensator) sweep(ctx context.Context, res *Result) error {
-	for {
-		tag, err := c.pool.Exec(ctx, `
-			DELETE FROM processed_messages WHERE ctid = ANY (ARRAY(
-				SELECT ctid FROM processed_messages
-				WHERE processed_at < now() - make_interval(secs => $1::float8)
-				LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.DedupeRetention.Seconds(), c.cfg.SweepBatchSize)
-		if err != nil {
-			return fmt.Errorf("sweep expired dedupe rows: %w", err)
+	exec := func(what, sql string, retention time.Duration) func() (int64, error) {
+		return func() (int64, error) {
+			tag, err := c.pool.Exec(ctx, sql, retention.Seconds(), c.cfg.SweepBatchSize)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %w", what, err)
+			}
+			return tag.RowsAffected(), nil
 		}
-		res.Swept += tag.RowsAffected()
-		if tag.RowsAffected() < int64(c.cfg.SweepBatchSize) {
-			break
-		}
+	}
+	if err := c.drain(&res.Swept, exec("sweep expired dedupe rows", `
+		DELETE FROM processed_messages WHERE ctid = ANY (ARRAY(
+			SELECT ctid FROM processed_messages
+			WHERE processed_at < now() - make_interval(secs => $1::float8)
+			LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.DedupeRetention)); err != nil {
+		return err
 	}
 	// Published events of orders that are no longer open: the order's
 	// history stays in order_events; heal needs only open orders' rows.
 	// Old rows come first in id order, so the primary key finds them.
-	for {
-		tag, err := c.pool.Exec(ctx, `
-			DELETE FROM outbox WHERE id = ANY (ARRAY(
-				SELECT ob.id FROM outbox ob
-				WHERE ob.published_at < now() - make_interval(secs => $1::float8)
-				  AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.order_id = ob.order_id AND o.status IN ('processing', 'reserved', 'paid'))
-				ORDER BY ob.id LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.OutboxRetention.Seconds(), c.cfg.SweepBatchSize)
-		if err != nil {
-			return fmt.Errorf("prune published outbox rows: %w", err)
-		}
-		res.OutboxPruned += tag.RowsAffected()
-		if tag.RowsAffected() < int64(c.cfg.SweepBatchSize) {
-			break
-		}
+	if err := c.drain(&res.OutboxPruned, exec("prune published outbox rows", `
+		DELETE FROM outbox WHERE id = ANY (ARRAY(
+			SELECT ob.id FROM outbox ob
+			WHERE ob.published_at < now() - make_interval(secs => $1::float8)
+			  AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.order_id = ob.order_id AND o.status IN ('processing', 'reserved', 'paid'))
+			ORDER BY ob.id LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.OutboxRetention)); err != nil {
+		return err
 	}
-	for {
-		n, err := idemtoken.Sweep(ctx, c.pool, c.cfg.TokenRetention, c.cfg.SweepBatchSize)
-		if err != nil {
-			return err
-		}
-		res.TokensSwept += n
-		if n < int64(c.cfg.SweepBatchSize) {
-			break
-		}
+	if err := c.drain(&res.TokensSwept, func() (int64, error) {
+		return idemtoken.Sweep(ctx, c.pool, c.cfg.TokenRetention, c.cfg.SweepBatchSize)
+	}); err != nil {
+		return err
 	}
 	counts, err := idemtoken.Counts(ctx, c.pool)
 	if err != nil {
