@@ -129,6 +129,9 @@ type Result struct {
 	Swept int64
 	// TokensSwept counts expired unused idempotency tokens deleted.
 	TokensSwept int64
+	// TokensSettled counts idempotency tokens whose holder died, settled
+	// (used with their order, or unused again).
+	TokensSettled int64
 	// OutboxPruned counts published outbox rows of finished orders
 	// deleted after the outbox retention.
 	OutboxPruned int64
@@ -161,8 +164,8 @@ func (r Result) Summary() string {
 	if r.BrokerUnavailable {
 		prefix += " (broker unavailable: nothing re-driven or unwound)"
 	}
-	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d, healed %d; outbox republished %d; dedupe rows swept %d; outbox rows pruned %d; expired tokens swept %d; oldest open order %s; took %s",
-		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Healed, r.Republished, r.Swept, r.OutboxPruned, r.TokensSwept,
+	return fmt.Sprintf("%s: stuck %s; redriven %d, unwound %d, refunded %d, skipped %d, healed %d; outbox republished %d; dedupe rows swept %d; outbox rows pruned %d; tokens settled %d, expired tokens swept %d; oldest open order %s; took %s",
+		prefix, strings.Join(stuck, " "), r.Redriven, r.Unwound, r.Refunded, r.Skipped, r.Healed, r.Republished, r.Swept, r.OutboxPruned, r.TokensSettled, r.TokensSwept,
 		r.OldestOpen.Round(time.Second), r.Took.Round(time.Millisecond))
 }
 
@@ -223,7 +226,7 @@ func (c *Compensator) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			c.logger.Warn("compensator pass", slog.Any("error", err), slog.String("summary", res.Summary()))
-		} else if len(res.Actions) > 0 || res.Republished > 0 || res.Swept > 0 || res.TokensSwept > 0 || res.OutboxPruned > 0 {
+		} else if len(res.Actions) > 0 || res.Republished > 0 || res.Swept > 0 || res.TokensSwept > 0 || res.TokensSettled > 0 || res.OutboxPruned > 0 {
 			c.logger.Info("compensator pass", slog.String("summary", res.Summary()))
 		}
 		select {
@@ -791,6 +794,11 @@ func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 			ORDER BY ob.id LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.OutboxRetention)); err != nil {
 		return err
 	}
+	settled, err := idemtoken.Settle(ctx, c.pool)
+	if err != nil {
+		return err
+	}
+	res.TokensSettled = settled
 	if err := c.drain(&res.TokensSwept, func() (int64, error) {
 		return idemtoken.Sweep(ctx, c.pool, c.cfg.TokenRetention, c.cfg.SweepBatchSize)
 	}); err != nil {

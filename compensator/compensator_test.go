@@ -600,3 +600,38 @@ func TestPassPrunesPublishedOutboxRows(t *testing.T) {
 		t.Fatalf("outbox rows %d → %d, pruned %d", before, after, res.OutboxPruned)
 	}
 }
+
+// A pass settles tokens whose holder died: used with the order that
+// committed, unused again once SettleGrace past the lease without one; a
+// token still under its lease is left to its holder.
+func TestPassSettlesTokensOfDeadHolders(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	var toks []string
+	for range 3 {
+		tok, err := idemtoken.Issue(ctx, w.db.Pool, w.client, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, tok.Token)
+	}
+	committed, lost, held := toks[0], toks[1], toks[2]
+	id := w.newOrder(spec{status: order.StatusCancelled})
+	w.exec(`UPDATE orders SET request_id = $1, client_id = $2 WHERE order_id = $3`, committed, w.client, id)
+	w.exec(`UPDATE idempotency_tokens SET state = 'processing', claimed_until = now() - interval '2 minutes' WHERE token IN ($1, $2)`, committed, lost)
+	w.exec(`UPDATE idempotency_tokens SET state = 'processing', claimed_until = now() + interval '1 minute' WHERE token = $1`, held)
+	res := w.pass(w.comp(w.cfg(3), w.psp))
+	if res.TokensSettled != 2 {
+		t.Fatalf("settled %d: %s", res.TokensSettled, res.Summary())
+	}
+	if got := w.str(`SELECT state || ' ' || coalesce(order_id::text, '-') FROM idempotency_tokens WHERE token = $1`, committed); got != "used "+id.String() {
+		t.Errorf("the token whose order committed: %s", got)
+	}
+	if got := w.str(`SELECT state FROM idempotency_tokens WHERE token = $1`, lost); got != "unused" {
+		t.Errorf("the token whose holder wrote nothing: %s", got)
+	}
+	if got := w.str(`SELECT state FROM idempotency_tokens WHERE token = $1`, held); got != "processing" {
+		t.Errorf("the token under its lease: %s", got)
+	}
+}

@@ -207,13 +207,41 @@ func Lapse(ctx context.Context, db postgres.DB, token string) error {
 	return nil
 }
 
+// SettleGrace is how long past its lease a token held by a request that
+// wrote no order stays processing before Settle gives it back (unused).
+const SettleGrace = time.Minute
+
+// Settle repairs the tokens whose holder died (their lease passed): one
+// whose order committed becomes used with it; one without an order, past
+// its lease by SettleGrace, becomes unused again (and is then claimed,
+// refused as expired, or swept like any unused token). It returns how many
+// it repaired.
+func Settle(ctx context.Context, db postgres.DB) (int64, error) {
+	used, err := db.Exec(ctx, `
+		UPDATE idempotency_tokens t SET state = 'used', order_id = o.order_id, used_at = now(), claimed_until = NULL
+		FROM orders o
+		WHERE t.state = 'processing' AND t.claimed_until <= now() AND o.client_id = t.client_id AND o.request_id = t.token`)
+	if err != nil {
+		return 0, fmt.Errorf("settle tokens whose order committed: %w", err)
+	}
+	freed, err := db.Exec(ctx, `
+		UPDATE idempotency_tokens t SET state = 'unused', claimed_until = NULL
+		WHERE t.state = 'processing' AND t.claimed_until <= now() - make_interval(secs => $1::float8)
+		  AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.client_id = t.client_id AND o.request_id = t.token)`, SettleGrace.Seconds())
+	if err != nil {
+		return 0, fmt.Errorf("give back tokens whose holder died: %w", err)
+	}
+	return used.RowsAffected() + freed.RowsAffected(), nil
+}
+
 // Sweep deletes up to batch unused tokens that expired more than retention
-// ago, and returns how many it deleted.
+// ago (none that an order carries), and returns how many it deleted.
 func Sweep(ctx context.Context, db postgres.DB, retention time.Duration, batch int) (int64, error) {
 	tag, err := db.Exec(ctx, `
 		DELETE FROM idempotency_tokens WHERE token = ANY (ARRAY(
-			SELECT token FROM idempotency_tokens
-			WHERE state = 'unused' AND expires_at < now() - make_interval(secs => $1::float8)
+			SELECT t.token FROM idempotency_tokens t
+			WHERE t.state = 'unused' AND t.expires_at < now() - make_interval(secs => $1::float8)
+			  AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.client_id = t.client_id AND o.request_id = t.token)
 			LIMIT $2 FOR UPDATE SKIP LOCKED))`, retention.Seconds(), batch)
 	if err != nil {
 		return 0, fmt.Errorf("sweep expired tokens: %w", err)

@@ -275,8 +275,8 @@ func Run(ctx context.Context, opts Options) (res Result, err error) {
 		return res, fmt.Errorf("check: %w", err)
 	}
 	res.Report, res.Orders, res.Faults = rep, rep.Orders, s.log.counts()
-	fmt.Fprintf(opts.Out, "clients: %d orders accepted, %d requests sent, %d retries, %d deliberate repeats, %d not settled; receiver: %d webhooks verified (%d repeated copies); proxy cut %d connections\n",
-		len(accepted), ld.sent.Load(), ld.retries.Load(), ld.replays.Load(), len(refused), len(received), copies, s.cuts())
+	fmt.Fprintf(opts.Out, "clients: %d orders accepted (%d tokens fetched), %d requests sent, %d retries, %d deliberate repeats, %d not settled; receiver: %d webhooks verified (%d repeated copies); proxy cut %d connections\n",
+		len(accepted), ld.tokens.Load(), ld.sent.Load(), ld.retries.Load(), ld.replays.Load(), len(refused), len(received), copies, s.cuts())
 	printRefusals(opts.Out, refused)
 	s.printFaults(opts.Out)
 	rep.Print(opts.Out)
@@ -514,19 +514,23 @@ func (s *stack) quiesce(ctx context.Context, bound time.Duration) error {
 		// every change with a settled webhook (a change whose event the
 		// broker lost gets its webhook from the notifier's fill-in or the
 		// compensator's re-notify, which takes a stuck deadline).
-		var open, pending, hooks, missing int
+		// A token whose holder died after its order committed is settled
+		// by the compensator's next pass after its lease.
+		var open, pending, hooks, missing, tokens int
 		err := s.pool.QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM orders WHERE status NOT IN ('confirmed', 'rejected', 'cancelled')),
 			(SELECT count(*) FROM outbox WHERE published_at IS NULL),
 			(SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'),
 			(SELECT count(*) FROM order_events e JOIN orders o USING (order_id)
-			 WHERE o.callback_url IS NOT NULL AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.order_id = e.order_id AND d.seq = e.seq))`).
-			Scan(&open, &pending, &hooks, &missing)
-		if err == nil && open == 0 && pending == 0 && hooks == 0 && missing == 0 {
-			fmt.Fprintln(s.opts.Out, "quiescent: every order terminal, outbox empty, every change's webhook settled")
+			 WHERE o.callback_url IS NOT NULL AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.order_id = e.order_id AND d.seq = e.seq)),
+			(SELECT count(*) FROM orders o JOIN idempotency_tokens t ON t.token = o.request_id WHERE t.state <> 'used')`).
+			Scan(&open, &pending, &hooks, &missing, &tokens)
+		if err == nil && open == 0 && pending == 0 && hooks == 0 && missing == 0 && tokens == 0 {
+			fmt.Fprintln(s.opts.Out, "quiescent: every order terminal, outbox empty, every change's webhook settled, every token of an order used")
 			return nil
 		}
-		last = fmt.Sprintf("%d open orders, %d pending events, %d pending webhooks, %d changes without a webhook (err %v)", open, pending, hooks, missing, err)
+		last = fmt.Sprintf("%d open orders, %d pending events, %d pending webhooks, %d changes without a webhook, %d tokens of orders not used (err %v)",
+			open, pending, hooks, missing, tokens, err)
 		for _, p := range s.all() {
 			if restarted, err := p.restartIfExited(ctx); restarted {
 				fmt.Fprintf(s.opts.Out, "%s had exited on its own; restarted (%v)\n", p.name, err)

@@ -144,6 +144,11 @@ var checks = []check{
 			FROM order_events e JOIN orders o USING (order_id)
 			LEFT JOIN webhook_deliveries d ON d.order_id = e.order_id AND d.seq = e.seq
 			WHERE o.callback_url IS NOT NULL AND (d.status IS NULL OR d.status <> 'delivered')`},
+	{name: "every order placed with a token has its token used",
+		checked: `SELECT count(*) FROM orders WHERE request_id LIKE 'opt1.%'`,
+		broken: `SELECT o.order_id::text, 'token ' || o.request_id || ' is ' || coalesce(t.state || coalesce(' with order ' || t.order_id::text, ''), 'missing')
+			FROM orders o LEFT JOIN idempotency_tokens t ON t.token = o.request_id
+			WHERE o.request_id LIKE 'opt1.%' AND (t.state IS DISTINCT FROM 'used' OR t.order_id IS DISTINCT FROM o.order_id OR t.client_id <> o.client_id)`},
 	{name: "nothing pending in the outbox",
 		checked: `SELECT count(*) FROM outbox`,
 		broken:  `SELECT coalesce(order_id::text, ''), 'event ' || msg_id || ' never published' FROM outbox WHERE published_at IS NULL`},

@@ -42,6 +42,7 @@ type load struct {
 	sent     atomic.Int64
 	retries  atomic.Int64
 	replays  atomic.Int64
+	tokens   atomic.Int64
 }
 
 func newLoad(targets []string, apiKey, callback string, skus []string, seed uint64) *load {
@@ -66,7 +67,15 @@ func (l *load) run(ctx context.Context, clients int, retryFor time.Duration) {
 		go func() {
 			defer wg.Done()
 			for n := 0; ctx.Err() == nil; n++ {
-				l.one(ctx, fmt.Sprintf("%s%02x%04x", order.NewRequestID(time.Now()), c, n), retryFor)
+				rid := fmt.Sprintf("%s%02x%04x", order.NewRequestID(time.Now()), c, n)
+				// A quarter of the orders go as a client without an id of
+				// its own would: with a server-issued token.
+				if l.intn(4) == 0 {
+					if tok, ok := l.token(retryFor); ok {
+						rid = tok
+					}
+				}
+				l.one(ctx, rid, retryFor)
 				select {
 				case <-ctx.Done():
 				case <-time.After(time.Duration(20+l.intn(60)) * time.Millisecond):
@@ -132,6 +141,34 @@ func (l *load) one(_ context.Context, requestID string, retryFor time.Duration) 
 		<-t.C
 		wait = min(2*wait, time.Second)
 	}
+}
+
+// token fetches an idempotency token, retrying for at most retryFor.
+func (l *load) token(retryFor time.Duration) (string, bool) {
+	deadline := time.Now().Add(retryFor)
+	wait := 50 * time.Millisecond
+	for time.Now().Before(deadline) {
+		req, err := http.NewRequest(http.MethodPost, "http://"+l.targets[l.intn(len(l.targets))]+"/v1/idempotency-tokens", nil)
+		if err != nil {
+			return "", false
+		}
+		req.Header.Set("Authorization", "Bearer "+l.apiKey)
+		if resp, err := l.http.Do(req); err == nil {
+			var t struct {
+				Token string `json:"token"`
+			}
+			ok := resp.StatusCode == http.StatusCreated && json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&t) == nil && t.Token != ""
+			resp.Body.Close()
+			if ok {
+				l.tokens.Add(1)
+				return t.Token, true
+			}
+		}
+		t := time.NewTimer(wait)
+		<-t.C
+		wait = min(2*wait, time.Second)
+	}
+	return "", false
 }
 
 func (l *load) settle(requestID, orderID string, attempts int) {
