@@ -19,10 +19,10 @@ import (
 	"github.com/google/uuid"
 	"golang.org/x/time/rate"
 
+	"orderpipe/producer/problem"
 	"orderpipe/shared/app"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
-	"orderpipe/shared/problem"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tracing"
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"orderpipe/producer"
-	"orderpipe/shared/problem"
+	"orderpipe/producer/problem"
 )
 
 type opKey struct{ method, path string }

@@ -13,7 +13,7 @@
 // being down does (503, code 101, with Retry-After).
 //
 // The create-order logic is Service.Create, which the MCP tool calls
-// without HTTP; its errors map to codes through shared/problem.
+// without HTTP; its errors map to codes through producer/problem.
 package producer
 
 import (

@@ -26,10 +26,10 @@ import (
 	"github.com/google/uuid"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"orderpipe/producer/problem"
 	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
-	"orderpipe/shared/problem"
 )
 
 // Intake is the part of the intake service the tools use

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"orderpipe/producer/problem"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
-	"orderpipe/shared/problem"
 )
 
 // Pattern is the route of the stream, for http.ServeMux.
