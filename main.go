@@ -53,18 +53,6 @@ func commands() []cli.Command {
 	}
 }
 
-// devParts are the long-running parts that `orderpipe dev` runs in one
-// process, in start order.
-func devParts() []devenv.Part {
-	return []devenv.Part{
-		producer.DevPart(),
-		psp.DevPart(), // before the consumers: it sets PSP_URL
-		consumers.DevPart(),
-		compensator.DevPart(),
-		webhook.DevPart(),
-	}
-}
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }

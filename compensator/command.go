@@ -14,7 +14,6 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/devenv"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
@@ -219,29 +218,23 @@ func runDaemon(ctx context.Context, inv cli.Invocation, cfg Config, logger *slog
 	return errors.Join(serveErr, runErr)
 }
 
-// DevPart runs the compensator daemon inside `orderpipe dev` (no HTTP
-// server of its own: dev serves the metrics). It must come after the
-// payment provider part, which sets PSP_URL.
-func DevPart() devenv.Part {
-	return devenv.Part{
-		Name: "compensator",
-		Start: func(ctx context.Context, env *app.Env) (func() error, error) {
-			logger := env.Logger.With(slog.String("part", "compensator"))
-			p, err := provider(env.Config, logger)
-			if err != nil {
-				return nil, err
-			}
-			horizon, err := ConsumerHorizon()
-			if err != nil {
-				return nil, err
-			}
-			c, err := New(Config{ConsumerHorizon: horizon}, env.Pool, Relay(env), p, logger)
-			if err != nil {
-				return nil, err
-			}
-			done := make(chan error, 1)
-			go func() { done <- c.Run(ctx) }()
-			return func() error { return <-done }, nil
-		},
+// Start runs the compensator daemon on env until ctx ends (as `orderpipe
+// dev` does); wait blocks until it stopped.
+func Start(ctx context.Context, env *app.Env) (wait func() error, err error) {
+	logger := env.Logger.With(slog.String("part", "compensator"))
+	p, err := provider(env.Config, logger)
+	if err != nil {
+		return nil, err
 	}
+	horizon, err := ConsumerHorizon()
+	if err != nil {
+		return nil, err
+	}
+	c, err := New(Config{ConsumerHorizon: horizon}, env.Pool, Relay(env), p, logger)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	return func() error { return <-done }, nil
 }

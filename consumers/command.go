@@ -15,7 +15,6 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/devenv"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/redelivery"
@@ -75,37 +74,30 @@ func Command() cli.Command {
 	}
 }
 
-// DevPart runs the steps inside `orderpipe dev` (after the payment
-// stand-in, which sets PSP_URL) and stocks SKU-1 … SKU-100 on a new
-// database.
-func DevPart() devenv.Part {
-	return devenv.Part{
-		Name: "consumers",
-		Seed: stock.Seed,
-		Start: func(ctx context.Context, env *app.Env) (func() error, error) {
-			cfg, err := ConfigFromEnv(env.Config.ShutdownTimeout)
-			if err != nil {
-				return nil, err
-			}
-			steps, err := Steps(env)
-			if err != nil {
-				return nil, err
-			}
-			p, err := Build(env, cfg, steps...)
-			if err != nil {
-				return nil, err
-			}
-			done := make(chan error, 1)
-			go func() { done <- p.Run(ctx) }()
-			select {
-			case <-p.Running():
-			case err := <-done:
-				return nil, err
-			}
-			env.Logger.Info("pipeline steps running", slog.Int("steps", len(steps)))
-			return func() error { return <-done }, nil
-		},
+// Start runs the pipeline steps on env until ctx ends (as `orderpipe dev`
+// does): it returns once they consume; wait blocks until they stopped.
+func Start(ctx context.Context, env *app.Env) (wait func() error, err error) {
+	cfg, err := ConfigFromEnv(env.Config.ShutdownTimeout)
+	if err != nil {
+		return nil, err
 	}
+	steps, err := Steps(env)
+	if err != nil {
+		return nil, err
+	}
+	p, err := Build(env, cfg, steps...)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	select {
+	case <-p.Running():
+	case err := <-done:
+		return nil, err
+	}
+	env.Logger.Info("pipeline steps running", slog.Int("steps", len(steps)))
+	return func() error { return <-done }, nil
 }
 
 // DLQCommand is `orderpipe dlq list|replay ID`.

@@ -13,7 +13,6 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/devenv"
 	"orderpipe/shared/outbox"
 )
 
@@ -92,24 +91,20 @@ func Run(ctx context.Context, env *app.Env, l net.Listener, opts Options) error 
 	return err
 }
 
-// DevPart is the intake as `orderpipe dev` runs it: the same handler and
-// relay on env.Config.HTTPAddr.
-func DevPart() devenv.Part {
-	return devenv.Part{
-		Name: "producer",
-		Start: func(ctx context.Context, env *app.Env) (func() error, error) {
-			opts, err := OptionsFromEnv()
-			if err != nil {
-				return nil, err
-			}
-			l, err := net.Listen("tcp", env.Config.HTTPAddr)
-			if err != nil {
-				return nil, fmt.Errorf("listen on %s: %w", env.Config.HTTPAddr, err)
-			}
-			env.Logger.Info("intake listening", slog.String("addr", l.Addr().String()))
-			done := make(chan error, 1)
-			go func() { done <- Run(ctx, env, l, opts) }()
-			return func() error { return <-done }, nil
-		},
+// Start runs the intake on env.Config.HTTPAddr until ctx ends (as
+// `orderpipe dev` does): it returns once the intake listens; wait blocks
+// until it stopped.
+func Start(ctx context.Context, env *app.Env) (wait func() error, err error) {
+	opts, err := OptionsFromEnv()
+	if err != nil {
+		return nil, err
 	}
+	l, err := net.Listen("tcp", env.Config.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", env.Config.HTTPAddr, err)
+	}
+	env.Logger.Info("intake listening", slog.String("addr", l.Addr().String()))
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, env, l, opts) }()
+	return func() error { return <-done }, nil
 }

@@ -72,7 +72,7 @@ func TestProducerCommandLineAndEnvironment(t *testing.T) {
 
 // The dev part serves the intake on HTTP_ADDR and stops when its context
 // ends.
-func TestDevPart(t *testing.T) {
+func TestStart(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
@@ -80,16 +80,12 @@ func TestDevPart(t *testing.T) {
 		Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	part := producer.DevPart()
-	if part.Name != "producer" {
-		t.Fatalf("name %q", part.Name)
-	}
 	// Reserve a port for the part to listen on.
 	probe := newServer(t, http.NotFoundHandler())
 	addr := strings.TrimPrefix(probe.URL, "http://")
 	probe.Close()
 	env.Config.HTTPAddr = addr
-	wait, err := part.Start(ctx, env)
+	wait, err := producer.Start(ctx, env)
 	if err != nil {
 		t.Fatal(err)
 	}

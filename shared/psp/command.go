@@ -11,7 +11,6 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/devenv"
 	"orderpipe/shared/postgres"
 )
 
@@ -83,29 +82,24 @@ func Command() cli.Command {
 	}
 }
 
-// DevPart starts the stand-in for `orderpipe dev` on 127.0.0.1:0 and sets
-// env.Config.PSPURL for the parts after it, unless PSP_URL is set. It must
-// come before the consumers in the dev parts.
-func DevPart() devenv.Part {
-	return devenv.Part{
-		Name: "psp",
-		Start: func(ctx context.Context, env *app.Env) (func() error, error) {
-			if env.Config.PSPURL != "" {
-				env.Logger.Info("payment provider from PSP_URL", slog.String("url", env.Config.PSPURL))
-				return func() error { <-ctx.Done(); return nil }, nil
-			}
-			srv, err := NewServer(env.Pool, Options{Latency: 20 * time.Millisecond}, env.Logger.With(slog.String("part", "psp")))
-			if err != nil {
-				return nil, err
-			}
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return nil, fmt.Errorf("listen for the payment provider stand-in: %w", err)
-			}
-			env.Config.PSPURL = "http://" + l.Addr().String()
-			done := make(chan error, 1)
-			go func() { done <- app.ServeListener(ctx, l, srv.Handler(), env.Logger, env.Config.ShutdownTimeout) }()
-			return func() error { return <-done }, nil
-		},
+// Start runs the payment provider stand-in on a free loopback port until
+// ctx ends (as `orderpipe dev` does) and returns its base URL, unless
+// env.Config.PSPURL names a provider already (then it runs nothing and
+// returns that URL); wait blocks until it stopped.
+func Start(ctx context.Context, env *app.Env) (url string, wait func() error, err error) {
+	if env.Config.PSPURL != "" {
+		env.Logger.Info("payment provider from PSP_URL", slog.String("url", env.Config.PSPURL))
+		return env.Config.PSPURL, func() error { <-ctx.Done(); return nil }, nil
 	}
+	srv, err := NewServer(env.Pool, Options{Latency: 20 * time.Millisecond}, env.Logger.With(slog.String("part", "psp")))
+	if err != nil {
+		return "", nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("listen for the payment provider stand-in: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- app.ServeListener(ctx, l, srv.Handler(), env.Logger, env.Config.ShutdownTimeout) }()
+	return "http://" + l.Addr().String(), func() error { return <-done }, nil
 }

@@ -16,7 +16,6 @@ import (
 	"orderpipe/shared/callbackurl"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/devenv"
 	"orderpipe/shared/postgres"
 )
 
@@ -172,10 +171,4 @@ func printTable(w io.Writer, ds []Delivery) error {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", d.WebhookID, d.Seq, d.Status, d.Attempts, code, lat, next, lastErr)
 	}
 	return errors.Join(tw.Flush())
-}
-
-// DevPart is the delivery worker as `orderpipe dev` runs it (the consumers
-// process runs it in production).
-func DevPart() devenv.Part {
-	return devenv.Part{Name: "webhooks", Start: Start}
 }

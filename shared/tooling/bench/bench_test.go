@@ -16,6 +16,7 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/stock"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/testenv"
 )
@@ -49,11 +50,17 @@ func startStack(t *testing.T, pipeline bool) stack {
 	go func() { done <- producer.Run(ctx, env, l, producer.Options{RateLimit: 1e6, RateBurst: 1e6}) }()
 	waits = append(waits, func() error { return <-done })
 	if pipeline {
+		url, wait, err := psp.Start(ctx, env)
+		if err != nil {
+			t.Fatalf("start psp: %v", err)
+		}
+		env.Config.PSPURL = url
+		waits = append(waits, wait)
 		parts := []struct {
 			name  string
 			start func(context.Context, *app.Env) (func() error, error)
-		}{{"psp", psp.DevPart().Start}, {"consumers", consumers.DevPart().Start}}
-		if err := consumers.DevPart().Seed(ctx, db.Pool); err != nil {
+		}{{"consumers", consumers.Start}}
+		if err := stock.Seed(ctx, db.Pool); err != nil {
 			t.Fatalf("stock the inventory: %v", err)
 		}
 		for _, p := range parts {

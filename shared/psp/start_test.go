@@ -11,19 +11,19 @@ import (
 	"orderpipe/shared/testenv"
 )
 
-func TestDevPart(t *testing.T) {
+func TestStart(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
 	env := &app.Env{Config: config.Config{ShutdownTimeout: time.Second}, Logger: testenv.Logger(t), Pool: db.Pool}
 	ctx, cancel := context.WithCancel(context.Background())
-	wait, err := psp.DevPart().Start(ctx, env)
+	url, wait, err := psp.Start(ctx, env)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if env.Config.PSPURL == "" {
-		t.Fatal("the dev part did not set PSP_URL")
+	if url == "" || env.Config.PSPURL != "" {
+		t.Fatalf("Start returned %q and set PSP_URL to %q; want a URL, and the config left alone", url, env.Config.PSPURL)
 	}
-	a, err := psp.NewClient(env.Config.PSPURL, time.Second).Charge(context.Background(), "k-dev", "1.00", "CNY", "dev")
+	a, err := psp.NewClient(url, time.Second).Charge(context.Background(), "k-dev", "1.00", "CNY", "dev")
 	if err != nil || a.Status != psp.StatusSucceeded {
 		t.Fatalf("charge on the dev stand-in: %+v, %v", a, err)
 	}
@@ -35,9 +35,9 @@ func TestDevPart(t *testing.T) {
 	// PSP_URL set: the part leaves it alone and starts nothing.
 	env.Config.PSPURL = "http://provider.invalid"
 	ctx, cancel = context.WithCancel(context.Background())
-	wait, err = psp.DevPart().Start(ctx, env)
-	if err != nil || env.Config.PSPURL != "http://provider.invalid" {
-		t.Fatalf("with PSP_URL set: %v, url %q", err, env.Config.PSPURL)
+	url, wait, err = psp.Start(ctx, env)
+	if err != nil || url != "http://provider.invalid" {
+		t.Fatalf("with PSP_URL set: %v, url %q", err, url)
 	}
 	cancel()
 	if err := wait(); err != nil {
