@@ -9,8 +9,8 @@ import (
 	"github.com/google/uuid"
 
 	"orderpipe/shared/order"
-	"orderpipe/shared/testenv"
 	"orderpipe/shared/tooling/chaos"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // TestChaosCommandsRefuseBadInput: every malformed flag value of chaos,

@@ -6,7 +6,7 @@ import (
 	"orderpipe/producer"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderevent/contract"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // checkContract validates every message of the test's stream against the

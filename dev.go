@@ -7,9 +7,9 @@ import (
 	"orderpipe/consumers"
 	"orderpipe/producer"
 	"orderpipe/shared/app"
-	"orderpipe/shared/devenv"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
+	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/webhook"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"orderpipe/shared/config"
 	"orderpipe/shared/orderevent"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // Malformed command lines are refused with a clear message and exit code

@@ -22,12 +22,12 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/devenv"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/bench"
+	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/webhook"
 )
 

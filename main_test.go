@@ -15,7 +15,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

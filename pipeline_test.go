@@ -23,7 +23,7 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/tracing"
 )
 

@@ -16,7 +16,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // onOwnNATS moves w onto a NATS server of the test's own (so that the test

@@ -10,7 +10,7 @@ import (
 
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // The race of riverqueue/river#1302: the compensator reads a stuck order,

@@ -21,7 +21,7 @@ import (
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestConfigRefusesWindowsThatDoNotFit(t *testing.T) {

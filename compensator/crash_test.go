@@ -12,7 +12,7 @@ import (
 
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // child runs `orderpipe compensator args...` as a child process (this test

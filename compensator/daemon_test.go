@@ -16,7 +16,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // value reads a gauge's or a counter's value.

@@ -19,7 +19,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // flakyPSP is the payment stand-in behind a switch: while down it answers

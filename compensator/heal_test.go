@@ -10,7 +10,7 @@ import (
 
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/order"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // healed waits until the stream holds a healed copy of each order's event.

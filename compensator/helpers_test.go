@@ -27,7 +27,7 @@ import (
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) {

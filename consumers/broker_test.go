@@ -12,7 +12,7 @@ import (
 	"orderpipe/consumers/step"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // TestStreamDeletedAtRuntime: the ORDERS stream is deleted while the

@@ -24,7 +24,7 @@ import (
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderevent/contract"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func publishRaw(t *testing.T, e *pipetest.Env, subject string, data []byte, orderID string) {

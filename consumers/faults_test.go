@@ -29,7 +29,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // childEnv marks the test binary running as `orderpipe consumers` for a

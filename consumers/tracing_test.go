@@ -10,7 +10,7 @@ import (
 
 	"orderpipe/consumers/pipetest"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/tracing"
 )
 

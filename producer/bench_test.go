@@ -14,7 +14,7 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // BenchmarkCreateOrder measures POST /v1/orders through the whole intake —

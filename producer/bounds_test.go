@@ -16,7 +16,7 @@ import (
 	"orderpipe/producer/mcp"
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // runIntake serves the whole intake (producer.Run: the order routes, the

@@ -15,7 +15,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // TestStartsAndAcceptsWhileNATSIsDown: the producer starts with its NATS

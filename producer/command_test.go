@@ -16,7 +16,7 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func runProducer(t *testing.T, cfg config.Config, args ...string) error {

@@ -25,7 +25,7 @@ import (
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // orderpipeBinary builds the module's binary (the root package) into the

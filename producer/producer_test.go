@@ -20,7 +20,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -13,7 +13,7 @@ import (
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // tokenOrderBody is orderBody without a request_id: the token in the

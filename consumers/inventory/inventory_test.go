@@ -13,7 +13,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

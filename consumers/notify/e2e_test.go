@@ -27,7 +27,7 @@ import (
 	"orderpipe/shared/orderevent/contract"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/webhook"
 )
 

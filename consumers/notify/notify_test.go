@@ -16,7 +16,7 @@ import (
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/webhook"
 )
 

@@ -17,7 +17,7 @@ import (
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

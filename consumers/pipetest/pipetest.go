@@ -33,7 +33,7 @@ import (
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // Env is one test's pipeline infrastructure.

@@ -14,7 +14,7 @@ import (
 
 	"orderpipe/producer/client"
 	"orderpipe/shared/order"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

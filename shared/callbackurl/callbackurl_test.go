@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"orderpipe/shared/callbackurl"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

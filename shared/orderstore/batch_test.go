@@ -7,7 +7,7 @@ import (
 
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // TestInsertBatch: one transaction for many requests. New requests get new

@@ -13,7 +13,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func newClient(t *testing.T, pool *pgxpool.Pool) uuid.UUID {

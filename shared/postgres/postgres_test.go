@@ -19,7 +19,7 @@ import (
 
 	"orderpipe/migrations"
 	"orderpipe/shared/postgres"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -8,7 +8,7 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
 	"orderpipe/shared/psp"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestStart(t *testing.T) {

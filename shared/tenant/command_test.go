@@ -13,7 +13,7 @@ import (
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // runClients parses args the way main does and runs the command.

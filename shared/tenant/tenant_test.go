@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

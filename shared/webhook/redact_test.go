@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/webhook"
 )
 

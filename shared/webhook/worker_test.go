@@ -24,7 +24,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/webhook"
 )
 

@@ -18,7 +18,7 @@ import (
 	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // stack is a real intake (and, on request, the pipeline behind it) in

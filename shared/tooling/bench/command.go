@@ -29,7 +29,7 @@ import (
 	"orderpipe/producer/mcp"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/devenv"
+	"orderpipe/shared/tooling/devenv"
 )
 
 // Subcommands lists `orderpipe bench`'s actions in the order help shows them.

@@ -13,7 +13,7 @@ import (
 
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

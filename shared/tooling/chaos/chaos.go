@@ -38,10 +38,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"orderpipe/shared/localpg"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/tenant"
+	"orderpipe/shared/tooling/localpg"
 )
 
 // Options configure a run.

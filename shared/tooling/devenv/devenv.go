@@ -22,10 +22,10 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"orderpipe/shared/config"
-	"orderpipe/shared/localpg"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/tenant"
+	"orderpipe/shared/tooling/localpg"
 )
 
 // Preferred ports; a busy one is replaced by a free one.

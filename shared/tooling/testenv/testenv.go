@@ -1,5 +1,5 @@
 // Package testenv gives tests real servers: one PostgreSQL per test binary,
-// started from the machine's own binaries (see shared/localpg), with a
+// started from the machine's own binaries (see shared/tooling/localpg), with a
 // migrated template database that each test clones into its own database;
 // and one in-process NATS server with JetStream (the real nats-server as a
 // library, file store in a temp dir), with a stream and subject prefix of
@@ -32,10 +32,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"orderpipe/shared/localpg"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/postgres"
+	"orderpipe/shared/tooling/localpg"
 )
 
 var (

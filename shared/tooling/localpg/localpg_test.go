@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"orderpipe/shared/localpg"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/localpg"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -19,7 +19,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/tenant"
-	"orderpipe/shared/testenv"
+	"orderpipe/shared/tooling/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
