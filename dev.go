@@ -7,9 +7,9 @@ import (
 	"orderpipe/consumers"
 	"orderpipe/producer"
 	"orderpipe/shared/app"
-	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
 	"orderpipe/shared/tooling/devenv"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/webhook"
 )
 
@@ -23,7 +23,7 @@ func devParts() []devenv.Part {
 	return []devenv.Part{
 		{Name: "producer", Start: producer.Start},
 		{Name: "psp", Start: func(ctx context.Context, env *app.Env) (func() error, error) {
-			url, wait, err := psp.Start(ctx, env)
+			url, wait, err := pspserver.Start(ctx, env)
 			env.Config.PSPURL = url
 			return wait, err
 		}},

@@ -24,10 +24,10 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/postgres"
-	"orderpipe/shared/psp"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/bench"
 	"orderpipe/shared/tooling/devenv"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/webhook"
 )
 
@@ -43,7 +43,7 @@ func commands() []cli.Command {
 		consumers.Command(),
 		consumers.InventoryCommand(),
 		consumers.DLQCommand(),
-		psp.Command(),
+		pspserver.Command(),
 		compensator.Command(), compensator.OrdersCommand(),
 		chaosCommand(), checkCommand(), natsNodeCommand(), eventsCommand(),
 		webhook.Command(), mcp.Command(func(env *app.Env) (mcp.Intake, error) {

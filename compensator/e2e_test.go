@@ -19,6 +19,7 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -51,7 +52,7 @@ type pipeline struct {
 
 func newPipeline(w *world, maxDeliver int) *pipeline {
 	w.t.Helper()
-	srv, err := psp.NewServer(w.db.Pool, psp.Options{}, testenv.Logger(w.t))
+	srv, err := pspserver.NewServer(w.db.Pool, pspserver.Options{}, testenv.Logger(w.t))
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -82,7 +83,7 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
-	srv, err := psp.NewServer(db.Pool, psp.Options{}, testenv.Logger(t))
+	srv, err := pspserver.NewServer(db.Pool, pspserver.Options{}, testenv.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"orderpipe/consumers/pipetest"
 	"orderpipe/consumers/step"
 	"orderpipe/shared/orderevent"
-	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -22,7 +22,7 @@ import (
 // back only when some process started).
 func TestStreamDeletedAtRuntime(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
 	e.CreateOrder(t, "3.00", lines...)
@@ -44,7 +44,7 @@ func TestStreamDeletedAtRuntime(t *testing.T) {
 // attempt, while it waited in the buffer).
 func TestBusyWorkersDoNotBurnDeliveries(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	cfg := pipetest.Config()
 	cfg.Workers = 1
 	cfg.AckWait = 300 * time.Millisecond

@@ -13,7 +13,7 @@ import (
 	"orderpipe/consumers/step"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
-	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 
 func TestHappyPathAndRejection(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	e.Stock(t, "SKU-1", 10)
 	e.Stock(t, "SKU-2", 1)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(2*time.Second)...)
@@ -66,7 +66,7 @@ func TestHappyPathAndRejection(t *testing.T) {
 // once.
 func TestSlowStepKeepsItsMessage(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{Latency: 2 * time.Second})
+	e := pipetest.New(t, pspserver.Options{Latency: 2 * time.Second})
 	e.Stock(t, "SKU-1", 10)
 	cfg := pipetest.Config()
 	cfg.AckWait = 500 * time.Millisecond

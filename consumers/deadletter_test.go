@@ -23,7 +23,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderevent/contract"
-	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -54,7 +54,7 @@ func deadLetters(t *testing.T, e *pipetest.Env) []consumers.DeadLetter {
 // nothing else changes.
 func TestMalformedPayloads(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(time.Second)...)
 	valid := func(name orderevent.Name, mutate func(*orderevent.Event)) []byte {
@@ -114,7 +114,7 @@ func TestMalformedPayloads(t *testing.T) {
 // changes nothing.
 func TestPoisonOrderLeftThenReplayed(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(time.Second)...)
 	id := e.CreateOrder(t, "9.00") // no lines: the stock step cannot reserve it
@@ -199,7 +199,7 @@ func TestPoisonOrderLeftThenReplayed(t *testing.T) {
 // the provider back, a replay gets it through.
 func TestRetriesExhausted(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	stock(t, e)
 	cfg := pipetest.Config()
 	cfg.MaxDeliver = 3

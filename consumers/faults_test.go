@@ -28,7 +28,7 @@ import (
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
-	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -72,7 +72,7 @@ func stock(t *testing.T, e *pipetest.Env) {
 // each event at least three times.
 func TestDuplicatesInjected(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{DeclineRate: 0.2, Seed: 7})
+	e := pipetest.New(t, pspserver.Options{DeclineRate: 0.2, Seed: 7})
 	stock(t, e)
 	var copies atomic.Int64
 	sub, err := e.NATS.Conn.Subscribe(e.App.Topology.AllSubjects(), func(m *nats.Msg) {
@@ -132,7 +132,7 @@ func TestDuplicatesInjected(t *testing.T) {
 func TestCrashAfterCommitAndAfterCharge(t *testing.T) {
 	t.Parallel()
 	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), psp.Options{})
+	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
 	stock(t, e)
 	var ids []uuid.UUID
 	for range 5 {
@@ -198,7 +198,7 @@ func TestCrashAfterCommitAndAfterCharge(t *testing.T) {
 // skipped.
 func TestFailpointsInProcess(t *testing.T) {
 	// Not parallel: failpoints are per process.
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	stock(t, e)
 	defer failpoint.Enable(consumers.FailAfterCommit, 1)()
 	defer failpoint.Enable(payment.FailAfterCharge, 1)()
@@ -217,7 +217,7 @@ func TestFailpointsInProcess(t *testing.T) {
 func TestNATSRestartedMidStream(t *testing.T) {
 	t.Parallel()
 	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), psp.Options{})
+	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
 	stock(t, e)
 	cfg := pipetest.Config()
 	r := pipetest.Start(t, e.App, cfg, e.Steps(5*time.Second)...)
@@ -243,7 +243,7 @@ func TestPostgresRestartedMidStream(t *testing.T) {
 	t.Parallel()
 	pg := testenv.Postgres(t)
 	db := &testenv.Database{Name: "postgres", URL: pg.URL("postgres"), Pool: testenv.Pool(t, pg.URL("postgres"))}
-	e := pipetest.NewOn(t, db, testenv.NATS(t), psp.Options{Latency: 5 * time.Millisecond})
+	e := pipetest.NewOn(t, db, testenv.NATS(t), pspserver.Options{Latency: 5 * time.Millisecond})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
 	for range 30 {
@@ -265,7 +265,7 @@ func TestPostgresRestartedMidStream(t *testing.T) {
 // that declines, fails and charges-then-times-out.
 func TestProviderDeclinesErrorsAndTimeouts(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{DeclineRate: 0.25, ErrorRate: 0.25, TimeoutRate: 0.2, Hang: 5 * time.Second, Seed: 42})
+	e := pipetest.New(t, pspserver.Options{DeclineRate: 0.25, ErrorRate: 0.25, TimeoutRate: 0.2, Hang: 5 * time.Second, Seed: 42})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(300*time.Millisecond)...)
 	for range 40 {
@@ -291,7 +291,7 @@ func TestProviderDeclinesErrorsAndTimeouts(t *testing.T) {
 // pools, like two processes) on the same durable consumers.
 func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{Latency: 2 * time.Millisecond})
+	e := pipetest.New(t, pspserver.Options{Latency: 2 * time.Millisecond})
 	stock(t, e)
 	second := *e.App
 	second.NC, second.JS = testenv.Connect(t, e.NATS.URL)
@@ -325,7 +325,7 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 // the provider at 5% declines and 5% errors.
 func TestThousandOrders(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{DeclineRate: 0.05, ErrorRate: 0.05, Seed: 1000})
+	e := pipetest.New(t, pspserver.Options{DeclineRate: 0.05, ErrorRate: 0.05, Seed: 1000})
 	e.Quiet(t)
 	e.Stock(t, "SKU-1", 1_000_000)
 	e.Stock(t, "SKU-2", 1_000_000)
@@ -363,7 +363,7 @@ func TestThousandOrders(t *testing.T) {
 func TestCommandDrainsOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), psp.Options{})
+	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
 	stock(t, e)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", "DATABASE_URL="+e.DB.URL, "NATS_URL="+ns.URL(),

@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"orderpipe/consumers/pipetest"
-	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/tracing"
 )
@@ -22,7 +22,7 @@ func TestStepSpansShareTheOrdersTrace(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	tracing.Install(tp)
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	e.Stock(t, "SKU-1", 10)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
 	e.CreateOrder(t, "1.00", pipetest.Line{SKU: "SKU-1", Qty: 1})

@@ -11,8 +11,8 @@ import (
 	"orderpipe/consumers/inventory"
 	"orderpipe/consumers/pipetest"
 	"orderpipe/shared/order"
-	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -32,7 +32,7 @@ func available(t *testing.T, e *pipetest.Env, sku string) int64 {
 // several transactions at once: its stock comes back exactly once.
 func TestReserveAllOrNoneAndReleaseOnce(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	e.Stock(t, "A", 5)
 	e.Stock(t, "B", 3)
 	pipetest.Start(t, e.App, pipetest.Config(), inventory.Step())

@@ -26,7 +26,7 @@ import (
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderevent/contract"
 	"orderpipe/shared/outbox"
-	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/webhook"
 )
@@ -98,7 +98,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // same id on each retry. A re-driven event (new message id) adds nothing.
 func TestWebhooksEndToEnd(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	e.Stock(t, "SKU-1", 100)
 	e.Stock(t, "SKU-2", 0) // orders of it are rejected
 	key := make([]byte, 32)
@@ -238,7 +238,7 @@ func TestWebhooksEndToEnd(t *testing.T) {
 // letters at once and create no delivery.
 func TestMalformedPayloadsAreDeadLettered(t *testing.T) {
 	t.Parallel()
-	e := pipetest.New(t, psp.Options{})
+	e := pipetest.New(t, pspserver.Options{})
 	pipetest.Start(t, e.App, pipetest.Config(), notify.Step())
 	ctx := context.Background()
 	known, _ := e.InsertOrder(t, "1.00", pipetest.Line{SKU: "SKU-1", Qty: 1})

@@ -17,6 +17,7 @@ import (
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -52,7 +53,7 @@ func unwind(t *testing.T, e *pipetest.Env, id uuid.UUID, from order.Status) {
 	}
 }
 
-func setup(t *testing.T, opts psp.Options) *pipetest.Env {
+func setup(t *testing.T, opts pspserver.Options) *pipetest.Env {
 	e := pipetest.New(t, opts)
 	e.Stock(t, "SKU-1", 100)
 	return e
@@ -62,7 +63,7 @@ func setup(t *testing.T, opts psp.Options) *pipetest.Env {
 // unwound; Refund, called again and again, refunds it once.
 func TestRefundExactlyOnce(t *testing.T) {
 	t.Parallel()
-	e := setup(t, psp.Options{})
+	e := setup(t, pspserver.Options{})
 	client := psp.NewClient(e.PSPURL, 5*time.Second)
 	pipetest.Start(t, e.App, pipetest.Config(), inventory.Step(), payment.Step(e.DB.Pool, client))
 	id := e.CreateOrder(t, "12.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
@@ -97,7 +98,7 @@ func TestRefundExactlyOnce(t *testing.T) {
 // with its charge, which is refunded.
 func TestSettlePendingPayment(t *testing.T) {
 	t.Parallel()
-	e := setup(t, psp.Options{})
+	e := setup(t, pspserver.Options{})
 	client := psp.NewClient(e.PSPURL, 5*time.Second)
 	pending := func(id uuid.UUID) {
 		t.Helper()
@@ -147,7 +148,7 @@ func TestSettlePendingPayment(t *testing.T) {
 // reason, its stock released, its key settled, and nothing stays charged.
 func TestPermanentRefusalCancels(t *testing.T) {
 	t.Parallel()
-	e := setup(t, psp.Options{})
+	e := setup(t, pspserver.Options{})
 	client := psp.NewClient(e.PSPURL, 5*time.Second)
 	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 3})
 	// Someone charged the order's key with another body: the step's own
@@ -191,7 +192,7 @@ func TestPermanentRefusalCancels(t *testing.T) {
 // refunds its own charge instead of moving it to paid.
 func TestOrderCancelledWhileCharging(t *testing.T) {
 	t.Parallel()
-	e := setup(t, psp.Options{Latency: 700 * time.Millisecond})
+	e := setup(t, pspserver.Options{Latency: 700 * time.Millisecond})
 	client := psp.NewClient(e.PSPURL, 5*time.Second)
 	pipetest.Start(t, e.App, pipetest.Config(), inventory.Step(), payment.Step(e.DB.Pool, client), confirm.Step())
 	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 2})
@@ -212,7 +213,7 @@ func TestOrderCancelledWhileCharging(t *testing.T) {
 // reason and gives its stock back in the same transaction.
 func TestDeclineReleasesStock(t *testing.T) {
 	t.Parallel()
-	e := setup(t, psp.Options{DeclineRate: 1})
+	e := setup(t, pspserver.Options{DeclineRate: 1})
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
 	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 30})
 	e.WaitTerminal(t, 20*time.Second)

@@ -19,6 +19,7 @@ import (
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 )
 
 // reservedOrders stores n orders already reserved (stock taken, the
@@ -115,7 +116,7 @@ func checkNoRefund(t *testing.T, e *pipetest.Env, ids []uuid.UUID) {
 // this test, most such orders ended confirmed with their charge refunded.
 func TestRedriveRacesOriginal(t *testing.T) {
 	t.Parallel()
-	e := setup(t, psp.Options{})
+	e := setup(t, pspserver.Options{})
 	client := psp.NewClient(e.PSPURL, 5*time.Second)
 	ids, reserved := reservedOrders(t, e, 30)
 	precharge(t, e, client, ids)
@@ -136,7 +137,7 @@ func TestRedriveRacesOriginal(t *testing.T) {
 // on 409 (in flight) and must not undo what the first committed.
 func TestRedeliveryWhileSlowHandlerHolds(t *testing.T) {
 	t.Parallel()
-	e := setup(t, psp.Options{Latency: 300 * time.Millisecond})
+	e := setup(t, pspserver.Options{Latency: 300 * time.Millisecond})
 	client := psp.NewClient(e.PSPURL, 5*time.Second)
 	ids, reserved := reservedOrders(t, e, 10)
 	for i, id := range ids {
@@ -160,7 +161,7 @@ func TestRedeliveryWhileSlowHandlerHolds(t *testing.T) {
 // order must still end confirmed with no refund.
 func TestDeadLetterReplayRacesRedrive(t *testing.T) {
 	t.Parallel()
-	e := setup(t, psp.Options{})
+	e := setup(t, pspserver.Options{})
 	client := psp.NewClient(e.PSPURL, 5*time.Second)
 	ids, _ := reservedOrders(t, e, 20)
 	precharge(t, e, client, ids)

@@ -33,6 +33,7 @@ import (
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -49,7 +50,7 @@ type Env struct {
 
 // New returns a fresh database and stream, an app.Env on them, an API
 // client row, and a payment stand-in with opts.
-func New(t testing.TB, opts psp.Options) *Env {
+func New(t testing.TB, opts pspserver.Options) *Env {
 	t.Helper()
 	return NewOn(t, testenv.DB(t), testenv.NATS(t), opts)
 }
@@ -69,7 +70,7 @@ func OwnNATS(t testing.TB, url string) *testenv.NATSEnv {
 }
 
 // NewOn is New on a given database and stream.
-func NewOn(t testing.TB, db *testenv.Database, n *testenv.NATSEnv, opts psp.Options) *Env {
+func NewOn(t testing.TB, db *testenv.Database, n *testenv.NATSEnv, opts pspserver.Options) *Env {
 	t.Helper()
 	e := &Env{DB: db, NATS: n, Initial: map[string]int64{}}
 	e.PSPURL = ServePSP(t, e, opts)
@@ -99,9 +100,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 // ServePSP starts a payment stand-in with opts on e's database and returns
 // its URL.
-func ServePSP(t testing.TB, e *Env, opts psp.Options) string {
+func ServePSP(t testing.TB, e *Env, opts pspserver.Options) string {
 	t.Helper()
-	srv, err := psp.NewServer(e.DB.Pool, opts, testenv.Logger(t))
+	srv, err := pspserver.NewServer(e.DB.Pool, opts, testenv.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -31,9 +32,9 @@ func newSetup(t *testing.T) *setup {
 }
 
 // serve starts a stand-in with opts on the test's database.
-func (s *setup) serve(t *testing.T, opts psp.Options) string {
+func (s *setup) serve(t *testing.T, opts pspserver.Options) string {
 	t.Helper()
-	srv, err := psp.NewServer(s.db.Pool, opts, testenv.Logger(t))
+	srv, err := pspserver.NewServer(s.db.Pool, opts, testenv.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func (s *setup) count(t *testing.T, q string, args ...any) int {
 func TestChargeRepeatReturnsFirstAnswer(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, psp.Options{}), time.Second)
+	c := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
 	ctx := context.Background()
 	a, err := c.Charge(ctx, "charge:o1", "39.98", "CNY", "o1")
 	if err != nil || a.Status != psp.StatusSucceeded || a.ID == "" {
@@ -78,13 +79,13 @@ func TestChargeRepeatReturnsFirstAnswer(t *testing.T) {
 func TestDeclineIsAnAnswer(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, psp.Options{DeclineRate: 1}), time.Second)
+	c := psp.NewClient(s.serve(t, pspserver.Options{DeclineRate: 1}), time.Second)
 	a, err := c.Charge(context.Background(), "k-decline", "1.00", "EUR", "o2")
 	if err != nil || a.Status != psp.StatusDeclined || a.Reason == "" {
 		t.Fatalf("charge = %+v, %v; want declined with a reason", a, err)
 	}
 	// A declined charge stays declined for its key, even on a healthy provider.
-	c2 := psp.NewClient(s.serve(t, psp.Options{}), time.Second)
+	c2 := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
 	b, err := c2.Charge(context.Background(), "k-decline", "1.00", "EUR", "o2")
 	if err != nil || b != a {
 		t.Fatalf("repeat = %+v, %v; want %+v", b, err, a)
@@ -94,7 +95,7 @@ func TestDeclineIsAnAnswer(t *testing.T) {
 func TestErrorIsTransientAndChargesNothing(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	bad := psp.NewClient(s.serve(t, psp.Options{ErrorRate: 1}), time.Second)
+	bad := psp.NewClient(s.serve(t, pspserver.Options{ErrorRate: 1}), time.Second)
 	_, err := bad.Charge(context.Background(), "k-err", "5.00", "USD", "o3")
 	if !psp.IsTransient(err) {
 		t.Fatalf("err = %v, want transient", err)
@@ -102,7 +103,7 @@ func TestErrorIsTransientAndChargesNothing(t *testing.T) {
 	if n := s.count(t, `SELECT count(*) FROM psp_charges`); n != 0 {
 		t.Fatalf("%d charges after an error, want 0", n)
 	}
-	good := psp.NewClient(s.serve(t, psp.Options{}), time.Second)
+	good := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
 	if a, err := good.Charge(context.Background(), "k-err", "5.00", "USD", "o3"); err != nil || a.Status != psp.StatusSucceeded {
 		t.Fatalf("retry = %+v, %v", a, err)
 	}
@@ -119,7 +120,7 @@ func isStatus(err error, code int) bool {
 func TestChargeThenTimeout(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, psp.Options{TimeoutRate: 1, Hang: 10 * time.Second}), 200*time.Millisecond)
+	c := psp.NewClient(s.serve(t, pspserver.Options{TimeoutRate: 1, Hang: 10 * time.Second}), 200*time.Millisecond)
 	t0 := time.Now()
 	_, err := c.Charge(context.Background(), "k-timeout", "7.50", "GBP", "o4")
 	if !psp.IsTransient(err) {
@@ -141,7 +142,7 @@ func TestChargeThenTimeout(t *testing.T) {
 func TestInFlightKeyGets409(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, psp.Options{Latency: 400 * time.Millisecond}), 5*time.Second)
+	c := psp.NewClient(s.serve(t, pspserver.Options{Latency: 400 * time.Millisecond}), 5*time.Second)
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	answers := make([]psp.Answer, 2)
@@ -173,7 +174,7 @@ func TestInFlightKeyGets409(t *testing.T) {
 func TestVoid(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, psp.Options{}), 5*time.Second)
+	c := psp.NewClient(s.serve(t, pspserver.Options{}), 5*time.Second)
 	ctx := t.Context()
 	for range 2 {
 		a, err := c.Void(ctx, "charge:v1", "v1")
@@ -200,7 +201,7 @@ func TestVoid(t *testing.T) {
 		t.Fatalf("the charge after a void of a charged key = %+v, %v; want it unchanged", again, err)
 	}
 
-	declining := psp.NewClient(s.serve(t, psp.Options{DeclineRate: 1}), 5*time.Second)
+	declining := psp.NewClient(s.serve(t, pspserver.Options{DeclineRate: 1}), 5*time.Second)
 	declined, err := declining.Charge(ctx, "charge:v3", "3.00", "CNY", "v3")
 	if err != nil || declined.Status != psp.StatusDeclined {
 		t.Fatal(declined, err)
@@ -209,7 +210,7 @@ func TestVoid(t *testing.T) {
 		t.Fatalf("void of a declined key = %+v, %v; want %+v", a, err, declined)
 	}
 
-	slow := psp.NewClient(s.serve(t, psp.Options{Latency: 2 * time.Second}), 5*time.Second)
+	slow := psp.NewClient(s.serve(t, pspserver.Options{Latency: 2 * time.Second}), 5*time.Second)
 	done := make(chan error, 1)
 	go func() {
 		_, err := slow.Charge(context.WithoutCancel(ctx), "charge:v4", "3.00", "CNY", "v4")
@@ -226,7 +227,7 @@ func TestVoid(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	failing := psp.NewClient(s.serve(t, psp.Options{ErrorRate: 1}), 5*time.Second)
+	failing := psp.NewClient(s.serve(t, pspserver.Options{ErrorRate: 1}), 5*time.Second)
 	if _, err := failing.Void(ctx, "charge:v5", "v5"); !psp.IsTransient(err) {
 		t.Fatalf("void on a failing provider: %v, want transient", err)
 	}
@@ -238,7 +239,7 @@ func TestVoid(t *testing.T) {
 func TestRefund(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, psp.Options{}), time.Second)
+	c := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
 	ctx := context.Background()
 	ch, err := c.Charge(ctx, "charge:o6", "9.99", "CNY", "o6")
 	if err != nil {
@@ -258,7 +259,7 @@ func TestRefund(t *testing.T) {
 	if _, err := c.Refund(ctx, "refund:nope", "ch_unknown"); !isStatus(err, http.StatusNotFound) {
 		t.Fatalf("refund of an unknown charge: %v, want 404", err)
 	}
-	dc := psp.NewClient(s.serve(t, psp.Options{DeclineRate: 1}), time.Second)
+	dc := psp.NewClient(s.serve(t, pspserver.Options{DeclineRate: 1}), time.Second)
 	d, err := dc.Charge(ctx, "charge:o7", "1.00", "CNY", "o7")
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +275,7 @@ func TestRefund(t *testing.T) {
 func TestMalformedRequests(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	url := s.serve(t, psp.Options{})
+	url := s.serve(t, pspserver.Options{})
 	long := strings.Repeat("k", 256)
 	cases := []struct {
 		name, path, key, body string
@@ -352,7 +353,7 @@ func TestCommandRefusesBadFlags(t *testing.T) {
 		{"--addr", "nonsense"},
 		{"extra-argument"},
 	} {
-		cmd := psp.Command()
+		cmd := pspserver.Command()
 		fs := flag.NewFlagSet("psp", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		cmd.Setup(fs)
@@ -366,7 +367,7 @@ func TestCommandRefusesBadFlags(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{"--latency", "soon"}, {"--seed", "-1"}, {"--nope"}} {
-		cmd := psp.Command()
+		cmd := pspserver.Command()
 		fs := flag.NewFlagSet("psp", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		cmd.Setup(fs)

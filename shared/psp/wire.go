@@ -1,5 +1,4 @@
-// Package psp is orderpipe's side and the stand-in of the payment provider
-// wire contract (DESIGN.md, "The payment provider's wire contract"):
+// Package psp is orderpipe's side of the payment provider wire contract (DESIGN.md, "The payment provider's wire contract"):
 //
 //	POST {PSP_URL}/v1/charges  Idempotency-Key: K  {"amount":"39.98","currency":"CNY","reference":"<order_id>"}
 //	  201 {"id","status":"succeeded"}  402 {"id","status":"declined","reason"}
@@ -15,9 +14,8 @@
 // the outcome (5xx, timeout, 409) retries with the SAME key and never
 // charges twice. Client classifies answers for the consumers and the
 // compensator, and resolves a key whose outcome is unknown with Void,
-// which never charges; Server is `orderpipe psp`, a provider stand-in that keeps
-// its charges in PostgreSQL and misbehaves on request (latency, declines,
-// errors, "charge then time out").
+// which never charges. The provider stand-in (`orderpipe psp`) is tooling:
+// shared/tooling/pspserver.
 package psp
 
 import (

@@ -15,9 +15,9 @@ import (
 	"orderpipe/producer"
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
-	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
 	"orderpipe/shared/tenant"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -50,7 +50,7 @@ func startStack(t *testing.T, pipeline bool) stack {
 	go func() { done <- producer.Run(ctx, env, l, producer.Options{RateLimit: 1e6, RateBurst: 1e6}) }()
 	waits = append(waits, func() error { return <-done })
 	if pipeline {
-		url, wait, err := psp.Start(ctx, env)
+		url, wait, err := pspserver.Start(ctx, env)
 		if err != nil {
 			t.Fatalf("start psp: %v", err)
 		}

@@ -1,4 +1,4 @@
-package psp_test
+package pspserver_test
 
 import (
 	"context"
@@ -8,15 +8,18 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
 	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
+
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 func TestStart(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
 	env := &app.Env{Config: config.Config{ShutdownTimeout: time.Second}, Logger: testenv.Logger(t), Pool: db.Pool}
 	ctx, cancel := context.WithCancel(context.Background())
-	url, wait, err := psp.Start(ctx, env)
+	url, wait, err := pspserver.Start(ctx, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +38,7 @@ func TestStart(t *testing.T) {
 	// PSP_URL set: the part leaves it alone and starts nothing.
 	env.Config.PSPURL = "http://provider.invalid"
 	ctx, cancel = context.WithCancel(context.Background())
-	url, wait, err = psp.Start(ctx, env)
+	url, wait, err = pspserver.Start(ctx, env)
 	if err != nil || url != "http://provider.invalid" {
 		t.Fatalf("with PSP_URL set: %v, url %q", err, url)
 	}

@@ -1,4 +1,10 @@
-package psp
+// Package pspserver is the payment provider stand-in, `orderpipe psp`: it
+// serves the wire contract of shared/psp (charges, refunds and voids with
+// Idempotency-Key semantics), keeps its charges in PostgreSQL (psp_charges,
+// psp_refunds) and misbehaves on request (latency, declines, errors,
+// "charge then time out"). It is tooling: dev, the tests and the chaos run
+// use it in place of a real provider.
+package pspserver
 
 import (
 	"context"
@@ -15,6 +21,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"orderpipe/shared/psp"
 )
 
 // Options make the stand-in behave like a real provider on a bad day.
@@ -150,12 +158,12 @@ func fingerprint(parts ...string) []byte {
 
 func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	key := r.Header.Get(HeaderIdempotencyKey)
-	if !ValidKey(key) {
+	key := r.Header.Get(psp.HeaderIdempotencyKey)
+	if !psp.ValidKey(key) {
 		problem(w, http.StatusBadRequest, "invalid_request", "Idempotency-Key header must be 1-255 printable characters")
 		return
 	}
-	req, err := DecodeCharge(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	req, err := psp.DecodeCharge(http.MaxBytesReader(w, r.Body, psp.MaxBodyBytes))
 	if err != nil {
 		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
@@ -188,22 +196,22 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		_, _ = s.pool.Exec(context.WithoutCancel(ctx), `DELETE FROM psp_charges WHERE idempotency_key = $1 AND state = 'in_flight'`, key)
 		problem(w, http.StatusInternalServerError, "provider_error", "injected provider error")
 	case outcomeDecline:
-		if !s.finishCharge(w, ctx, key, StatusDeclined, "card declined") {
+		if !s.finishCharge(w, ctx, key, psp.StatusDeclined, "card declined") {
 			return
 		}
-		writeJSON(w, http.StatusPaymentRequired, Answer{ID: chargeID, Status: StatusDeclined, Reason: "card declined"})
+		writeJSON(w, http.StatusPaymentRequired, psp.Answer{ID: chargeID, Status: psp.StatusDeclined, Reason: "card declined"})
 	case outcomeChargeThenTimeout:
-		if !s.finishCharge(w, ctx, key, StatusSucceeded, "") {
+		if !s.finishCharge(w, ctx, key, psp.StatusSucceeded, "") {
 			return
 		}
 		s.logger.Info("psp: charged, now not answering", slog.String("key", key), slog.String("charge_id", chargeID))
 		sleepCtx(ctx, s.opts.Hang)
 		panic(http.ErrAbortHandler) // drop the connection without an answer
 	default:
-		if !s.finishCharge(w, ctx, key, StatusSucceeded, "") {
+		if !s.finishCharge(w, ctx, key, psp.StatusSucceeded, "") {
 			return
 		}
-		writeJSON(w, http.StatusCreated, Answer{ID: chargeID, Status: StatusSucceeded})
+		writeJSON(w, http.StatusCreated, psp.Answer{ID: chargeID, Status: psp.StatusSucceeded})
 	}
 }
 
@@ -240,9 +248,9 @@ func (s *Server) repeat(w http.ResponseWriter, r *http.Request, table, idCol, ke
 		s.storeFailed(w, "read idempotency key", err)
 		return "", false
 	}
-	if state == StatusVoided {
+	if state == psp.StatusVoided {
 		// The key was voided before it was ever charged: it is dead.
-		writeJSON(w, http.StatusGone, Answer{Status: StatusVoided})
+		writeJSON(w, http.StatusGone, psp.Answer{Status: psp.StatusVoided})
 		return "", false
 	}
 	if string(gotFP) != string(fp) {
@@ -260,14 +268,14 @@ func (s *Server) repeat(w http.ResponseWriter, r *http.Request, table, idCol, ke
 		}
 		problem(w, http.StatusConflict, "in_flight", "the request with this key is being processed; retry later")
 		return "", false
-	case StatusDeclined:
-		a := Answer{ID: id, Status: StatusDeclined}
+	case psp.StatusDeclined:
+		a := psp.Answer{ID: id, Status: psp.StatusDeclined}
 		if reason != nil {
 			a.Reason = *reason
 		}
 		writeJSON(w, http.StatusPaymentRequired, a)
 	default:
-		writeJSON(w, http.StatusCreated, Answer{ID: id, Status: StatusSucceeded})
+		writeJSON(w, http.StatusCreated, psp.Answer{ID: id, Status: psp.StatusSucceeded})
 	}
 	return "", false
 }
@@ -281,12 +289,12 @@ func reasonCol(table string) string {
 
 func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	key := r.Header.Get(HeaderIdempotencyKey)
-	if !ValidKey(key) {
+	key := r.Header.Get(psp.HeaderIdempotencyKey)
+	if !psp.ValidKey(key) {
 		problem(w, http.StatusBadRequest, "invalid_request", "Idempotency-Key header must be 1-255 printable characters")
 		return
 	}
-	req, err := DecodeRefund(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	req, err := psp.DecodeRefund(http.MaxBytesReader(w, r.Body, psp.MaxBodyBytes))
 	if err != nil {
 		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
@@ -309,7 +317,7 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			s.storeFailed(w, "read charge", err)
 			return
-		case state != StatusSucceeded:
+		case state != psp.StatusSucceeded:
 			problem(w, http.StatusUnprocessableEntity, "charge_not_refundable", "charge "+req.ChargeID+" is "+state)
 			return
 		}
@@ -355,7 +363,7 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 		s.storeFailed(w, "finish refund", err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, Answer{ID: refundID, Status: StatusSucceeded})
+	writeJSON(w, http.StatusCreated, psp.Answer{ID: refundID, Status: psp.StatusSucceeded})
 }
 
 // void resolves a charge key without charging: a key never seen is stored
@@ -363,12 +371,12 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 // answers its stored outcome; a key in flight answers 409.
 func (s *Server) void(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	key := r.Header.Get(HeaderIdempotencyKey)
-	if !ValidKey(key) {
+	key := r.Header.Get(psp.HeaderIdempotencyKey)
+	if !psp.ValidKey(key) {
 		problem(w, http.StatusBadRequest, "invalid_request", "Idempotency-Key header must be 1-255 printable characters")
 		return
 	}
-	req, err := DecodeVoid(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	req, err := psp.DecodeVoid(http.MaxBytesReader(w, r.Body, psp.MaxBodyBytes))
 	if err != nil {
 		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
@@ -389,7 +397,7 @@ func (s *Server) void(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if tag.RowsAffected() == 1 {
-		writeJSON(w, http.StatusOK, Answer{Status: StatusVoided})
+		writeJSON(w, http.StatusOK, psp.Answer{Status: psp.StatusVoided})
 		return
 	}
 	var (
@@ -417,21 +425,21 @@ func (s *Server) void(w http.ResponseWriter, r *http.Request) {
 				WHERE idempotency_key = $1 AND state = 'in_flight' AND created_at < now() - make_interval(secs => $2)`,
 				key, s.opts.InFlightTimeout.Seconds())
 			if err == nil && tag.RowsAffected() == 1 {
-				writeJSON(w, http.StatusOK, Answer{Status: StatusVoided})
+				writeJSON(w, http.StatusOK, psp.Answer{Status: psp.StatusVoided})
 				return
 			}
 		}
 		problem(w, http.StatusConflict, "in_flight", "the charge with this key is being processed; retry later")
-	case StatusVoided:
-		writeJSON(w, http.StatusOK, Answer{Status: StatusVoided})
-	case StatusDeclined:
-		a := Answer{ID: id, Status: StatusDeclined}
+	case psp.StatusVoided:
+		writeJSON(w, http.StatusOK, psp.Answer{Status: psp.StatusVoided})
+	case psp.StatusDeclined:
+		a := psp.Answer{ID: id, Status: psp.StatusDeclined}
 		if reason != nil {
 			a.Reason = *reason
 		}
 		writeJSON(w, http.StatusOK, a)
 	default:
-		writeJSON(w, http.StatusOK, Answer{ID: id, Status: StatusSucceeded})
+		writeJSON(w, http.StatusOK, psp.Answer{ID: id, Status: psp.StatusSucceeded})
 	}
 }
 
@@ -462,5 +470,5 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func problem(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, Problem{Error: msg, Code: code})
+	writeJSON(w, status, psp.Problem{Error: msg, Code: code})
 }

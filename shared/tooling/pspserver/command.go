@@ -1,4 +1,4 @@
-package psp
+package pspserver
 
 import (
 	"context"
@@ -13,21 +13,6 @@ import (
 	"orderpipe/shared/config"
 	"orderpipe/shared/postgres"
 )
-
-// EnvTimeout is the per-attempt timeout of calls to the provider.
-var EnvTimeout = config.Register("ORDERPIPE_PSP_TIMEOUT", "per-attempt timeout of calls to the payment provider (a timeout is retried with the same Idempotency-Key)", "10s")
-
-// ClientFromEnv returns a client of cfg.PSPURL with ORDERPIPE_PSP_TIMEOUT.
-func ClientFromEnv(cfg config.Config) (*Client, error) {
-	if err := cfg.Require(config.EnvPSPURL); err != nil {
-		return nil, err
-	}
-	timeout, err := config.Duration(EnvTimeout, 10*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	return NewClient(cfg.PSPURL, timeout), nil
-}
 
 type flags struct {
 	addr string

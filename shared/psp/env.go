@@ -1,0 +1,22 @@
+package psp
+
+import (
+	"time"
+
+	"orderpipe/shared/config"
+)
+
+// EnvTimeout is the per-attempt timeout of calls to the provider.
+var EnvTimeout = config.Register("ORDERPIPE_PSP_TIMEOUT", "per-attempt timeout of calls to the payment provider (a timeout is retried with the same Idempotency-Key)", "10s")
+
+// ClientFromEnv returns a client of cfg.PSPURL with ORDERPIPE_PSP_TIMEOUT.
+func ClientFromEnv(cfg config.Config) (*Client, error) {
+	if err := cfg.Require(config.EnvPSPURL); err != nil {
+		return nil, err
+	}
+	timeout, err := config.Duration(EnvTimeout, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return NewClient(cfg.PSPURL, timeout), nil
+}
