@@ -46,16 +46,16 @@ const FailAfterTokenClaim = "intake.after-token-claim"
 
 // Environment variables that only the intake reads.
 var (
-	EnvTimeout     = config.Register("ORDERPIPE_INTAKE_TIMEOUT", "the intake's deadline for its own work on one request (database and broker calls); clients' per-attempt timeouts must be longer", "5s")
-	EnvRateLimit   = config.Register("ORDERPIPE_RATE_LIMIT", "requests per second that one API client may send to the intake (token bucket rate), unless the client has its own (clients create --rate-limit)", "1000")
-	EnvRateBurst   = config.Register("ORDERPIPE_RATE_BURST", "burst of one API client's token bucket, unless the client has its own (clients create --burst)", "2000")
-	EnvMaxInFlight = config.Register("ORDERPIPE_MAX_IN_FLIGHT", "requests the intake handles at once; more get 503 (code 103) at once", "256")
+	EnvTimeout     = config.DurationSetting("ORDERPIPE_INTAKE_TIMEOUT", "the intake's deadline for its own work on one request (database and broker calls); clients' per-attempt timeouts must be longer", DefaultTimeout)
+	EnvRateLimit   = config.IntSetting("ORDERPIPE_RATE_LIMIT", "requests per second that one API client may send to the intake (token bucket rate), unless the client has its own (clients create --rate-limit)", DefaultRateLimit, 1)
+	EnvRateBurst   = config.IntSetting("ORDERPIPE_RATE_BURST", "burst of one API client's token bucket, unless the client has its own (clients create --burst)", DefaultRateBurst, 1)
+	EnvMaxInFlight = config.IntSetting("ORDERPIPE_MAX_IN_FLIGHT", "requests the intake handles at once; more get 503 (code 103) at once", DefaultMaxInFlight, 1)
 )
 
 // Environment variables of the bounds on the events streams and /mcp.
 var (
-	EnvMaxStreams          = config.Register("ORDERPIPE_MAX_STREAMS", "event streams and /mcp requests the intake serves at once; more get 503 (code 103) at once", "1024")
-	EnvMaxStreamsPerClient = config.Register("ORDERPIPE_MAX_STREAMS_PER_CLIENT", "event streams and /mcp requests one API client may have open at once; more get 429 (code 102)", "16")
+	EnvMaxStreams          = config.IntSetting("ORDERPIPE_MAX_STREAMS", "event streams and /mcp requests the intake serves at once; more get 503 (code 103) at once", DefaultMaxStreams, 1)
+	EnvMaxStreamsPerClient = config.IntSetting("ORDERPIPE_MAX_STREAMS_PER_CLIENT", "event streams and /mcp requests one API client may have open at once; more get 429 (code 102)", DefaultMaxStreamsPerClient, 1)
 )
 
 // Defaults of Options.
@@ -120,24 +120,24 @@ func OptionsFromEnv() (Options, error) {
 	var o Options
 	var errs []error
 	var err error
-	if o.Timeout, err = config.Duration(EnvTimeout, DefaultTimeout); err != nil {
+	if o.Timeout, err = EnvTimeout.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	rateInt, err := config.Int(EnvRateLimit, DefaultRateLimit, 1)
+	rateInt, err := EnvRateLimit.Get()
 	if err != nil {
 		errs = append(errs, err)
 	}
 	o.RateLimit = float64(rateInt)
-	if o.RateBurst, err = config.Int(EnvRateBurst, DefaultRateBurst, 1); err != nil {
+	if o.RateBurst, err = EnvRateBurst.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.MaxInFlight, err = config.Int(EnvMaxInFlight, DefaultMaxInFlight, 1); err != nil {
+	if o.MaxInFlight, err = EnvMaxInFlight.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.MaxStreams, err = config.Int(EnvMaxStreams, DefaultMaxStreams, 1); err != nil {
+	if o.MaxStreams, err = EnvMaxStreams.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.MaxStreamsPerClient, err = config.Int(EnvMaxStreamsPerClient, DefaultMaxStreamsPerClient, 1); err != nil {
+	if o.MaxStreamsPerClient, err = EnvMaxStreamsPerClient.Get(); err != nil {
 		errs = append(errs, err)
 	}
 	if o.TokenTTL, err = idemtoken.TTLFromEnv(); err != nil {
