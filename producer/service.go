@@ -217,7 +217,7 @@ func (s *Service) Timeout() time.Duration { return s.opts.Timeout }
 // problem.From maps to a class 1 code. The work is bounded by the server
 // deadline, or by ctx's deadline when that is earlier (the HTTP intake
 // passes the one it took when the request entered).
-func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (o orderstore.Order, replayed bool, err error) {
+func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (o order.Order, replayed bool, err error) {
 	t0 := time.Now()
 	outcome := metrics.OutcomeUnavailable
 	defer func() {
@@ -232,13 +232,13 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 			if errors.Is(cerr, idemtoken.ErrUnknown) || errors.Is(cerr, idemtoken.ErrExpired) {
 				outcome = metrics.OutcomeRejectedInvalid
 			}
-			return orderstore.Order{}, false, fmt.Errorf("create order with token %s: %w", req.RequestID, cerr)
+			return order.Order{}, false, fmt.Errorf("create order with token %s: %w", req.RequestID, cerr)
 		}
 		if claimed {
 			// err is the named result: settled with what the caller gets.
 			defer func() { s.settleToken(ctx, req.RequestID, err) }()
 			if ferr := failpoint.Inject(FailAfterTokenClaim); ferr != nil {
-				return orderstore.Order{}, false, ferr
+				return order.Order{}, false, ferr
 			}
 		}
 	}
@@ -253,10 +253,10 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	}
 	if errors.Is(err, order.ErrRequestIDReused) {
 		outcome = metrics.OutcomeMismatch
-		return orderstore.Order{}, false, err
+		return order.Order{}, false, err
 	}
 	if err != nil {
-		return orderstore.Order{}, false, fmt.Errorf("create order for request %s: %w", req.RequestID, err)
+		return order.Order{}, false, fmt.Errorf("create order for request %s: %w", req.RequestID, err)
 	}
 	log := s.env.Logger.With(slog.String("request_id", req.RequestID), slog.String("order_id", res.Order.ID.String()),
 		slog.String("client_id", clientID.String()))
@@ -303,14 +303,14 @@ func (s *Service) IssueToken(ctx context.Context, clientID uuid.UUID) (idemtoken
 
 // Get returns a client's order by id (orderstore.ErrNotFound when it is
 // not the client's).
-func (s *Service) Get(ctx context.Context, clientID, orderID uuid.UUID) (orderstore.Order, error) {
+func (s *Service) Get(ctx context.Context, clientID, orderID uuid.UUID) (order.Order, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	return orderstore.Get(ctx, s.env.Pool, clientID, orderID)
 }
 
 // GetByRequestID returns a client's order by request_id.
-func (s *Service) GetByRequestID(ctx context.Context, clientID uuid.UUID, requestID string) (orderstore.Order, error) {
+func (s *Service) GetByRequestID(ctx context.Context, clientID uuid.UUID, requestID string) (order.Order, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	return orderstore.GetByRequestID(ctx, s.env.Pool, clientID, requestID)
