@@ -93,8 +93,8 @@ func Command() cli.Command {
 		Name:    "compensator",
 		Summary: "find orders stuck in a non-terminal state; re-drive them or unwind them (cancel, release stock, refund); sweep dedupe rows",
 		Usage:   "[--once] [--dry-run] [--force] [--stuck-after D | --stuck-processing D --stuck-reserved D --stuck-paid D] [--max-attempts N] [--interval D] [--batch-size N] [--dedupe-retention D] [--outbox-retention D]",
-		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, config.EnvShutdownTimeout,
-			redelivery.EnvAckWait, redelivery.EnvMaxDeliver),
+		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout.Name, config.EnvShutdownTimeout,
+			redelivery.EnvAckWait.Name, redelivery.EnvMaxDeliver.Name),
 		Setup: f.setup,
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {

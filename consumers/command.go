@@ -28,8 +28,8 @@ func Command() cli.Command {
 	return cli.Command{
 		Name:    "consumers",
 		Summary: "run the pipeline steps (stock, payment, confirmation) on durable JetStream consumers",
-		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout, redelivery.EnvAckWait, redelivery.EnvMaxDeliver,
-			EnvWorkers, config.EnvStreamReplicas, config.EnvShutdownTimeout),
+		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout.Name, redelivery.EnvAckWait.Name, redelivery.EnvMaxDeliver.Name,
+			EnvWorkers.Name, config.EnvStreamReplicas, config.EnvShutdownTimeout),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
 				return cli.Usagef("consumers takes no arguments, got %q", inv.Args)

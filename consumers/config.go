@@ -12,7 +12,7 @@ import (
 // Environment variables of `orderpipe consumers`.
 // EnvWorkers is the consumers' own variable; the redelivery policy's are in
 // shared/redelivery.
-var EnvWorkers = config.Register("ORDERPIPE_CONSUMER_WORKERS", "messages each step handles at once in one process", "8")
+var EnvWorkers = config.IntSetting("ORDERPIPE_CONSUMER_WORKERS", "messages each step handles at once in one process", 8, 1)
 
 // Config is the router's configuration.
 type Config struct {
@@ -40,7 +40,7 @@ func Default() Config {
 		Retries:          2,
 		RetryInterval:    100 * time.Millisecond,
 		RetryMaxInterval: time.Second,
-		Workers:          8,
+		Workers:          EnvWorkers.Default,
 		MaxAckPending:    1000,
 		DrainTimeout:     20 * time.Second,
 	}
@@ -55,7 +55,7 @@ func ConfigFromEnv(drain time.Duration) (Config, error) {
 	if c.Policy, err = redelivery.FromEnv(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Workers, err = config.Int(EnvWorkers, c.Workers, 1); err != nil {
+	if c.Workers, err = EnvWorkers.Get(); err != nil {
 		errs = append(errs, err)
 	}
 	if drain > 0 {

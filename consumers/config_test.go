@@ -14,16 +14,16 @@ func TestConfigFromEnv(t *testing.T) {
 	if err != nil || c.AckWait != 30*time.Second || c.MaxDeliver != 8 || c.DrainTimeout != 5*time.Second {
 		t.Fatalf("defaults: %+v, %v", c, err)
 	}
-	t.Setenv(redelivery.EnvAckWait, "1s")
-	t.Setenv(redelivery.EnvMaxDeliver, "3")
-	t.Setenv(consumers.EnvWorkers, "2")
+	t.Setenv(redelivery.EnvAckWait.Name, "1s")
+	t.Setenv(redelivery.EnvMaxDeliver.Name, "3")
+	t.Setenv(consumers.EnvWorkers.Name, "2")
 	if c, err := consumers.ConfigFromEnv(0); err != nil || c.AckWait != time.Second || c.MaxDeliver != 3 || c.Workers != 2 {
 		t.Fatalf("overrides: %+v, %v", c, err)
 	}
 	for name, bad := range map[string][]string{
-		redelivery.EnvAckWait:    {"soon", "-1s", "0", "10ms"},
-		redelivery.EnvMaxDeliver: {"1", "many", "-8"},
-		consumers.EnvWorkers:     {"0", "x", "5000"},
+		redelivery.EnvAckWait.Name:    {"soon", "-1s", "0", "10ms"},
+		redelivery.EnvMaxDeliver.Name: {"1", "many", "-8"},
+		consumers.EnvWorkers.Name:     {"0", "x", "5000"},
 	} {
 		for _, v := range bad {
 			t.Run(name+"="+v, func(t *testing.T) {

@@ -24,7 +24,7 @@ func Command() cli.Command {
 		Summary: "serve the intake API (POST /v1/orders …) on HTTP_ADDR and relay the outbox to NATS",
 		Usage:   "",
 		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout,
-			EnvTimeout, EnvRateLimit, EnvRateBurst, EnvMaxInFlight, EnvMaxStreams, EnvMaxStreamsPerClient),
+			EnvTimeout.Name, EnvRateLimit.Name, EnvRateBurst.Name, EnvMaxInFlight.Name, EnvMaxStreams.Name, EnvMaxStreamsPerClient.Name),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
 				return cli.Usagef("producer takes no arguments")

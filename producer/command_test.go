@@ -44,9 +44,9 @@ func TestProducerCommandLineAndEnvironment(t *testing.T) {
 		}
 	}
 	for _, kv := range [][2]string{
-		{producer.EnvTimeout, "soon"}, {producer.EnvTimeout, "-1s"}, {producer.EnvRateLimit, "0"},
-		{producer.EnvRateLimit, "fast"}, {producer.EnvRateBurst, "-5"}, {producer.EnvMaxInFlight, "0"},
-		{producer.EnvMaxStreams, "0"}, {producer.EnvMaxStreams, "many"}, {producer.EnvMaxStreamsPerClient, "-1"},
+		{producer.EnvTimeout.Name, "soon"}, {producer.EnvTimeout.Name, "-1s"}, {producer.EnvRateLimit.Name, "0"},
+		{producer.EnvRateLimit.Name, "fast"}, {producer.EnvRateBurst.Name, "-5"}, {producer.EnvMaxInFlight.Name, "0"},
+		{producer.EnvMaxStreams.Name, "0"}, {producer.EnvMaxStreams.Name, "many"}, {producer.EnvMaxStreamsPerClient.Name, "-1"},
 	} {
 		t.Run(kv[0]+"="+kv[1], func(t *testing.T) {
 			t.Setenv(kv[0], kv[1])
@@ -60,9 +60,9 @@ func TestProducerCommandLineAndEnvironment(t *testing.T) {
 	if err := runProducer(t, config.Config{}); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Errorf("without DATABASE_URL: %v", err)
 	}
-	t.Setenv(producer.EnvTimeout, "2s")
-	t.Setenv(producer.EnvRateLimit, "7")
-	t.Setenv(producer.EnvMaxStreamsPerClient, "3")
+	t.Setenv(producer.EnvTimeout.Name, "2s")
+	t.Setenv(producer.EnvRateLimit.Name, "7")
+	t.Setenv(producer.EnvMaxStreamsPerClient.Name, "3")
 	o, err := producer.OptionsFromEnv()
 	if err != nil || o.Timeout != 2*time.Second || o.RateLimit != 7 || o.RateBurst != producer.DefaultRateBurst ||
 		o.MaxStreams != producer.DefaultMaxStreams || o.MaxStreamsPerClient != 3 {

@@ -46,16 +46,16 @@ const FailAfterTokenClaim = "intake.after-token-claim"
 
 // Environment variables that only the intake reads.
 var (
-	EnvTimeout     = config.Register("ORDERPIPE_INTAKE_TIMEOUT", "the intake's deadline for its own work on one request (database and broker calls); clients' per-attempt timeouts must be longer", "5s")
-	EnvRateLimit   = config.Register("ORDERPIPE_RATE_LIMIT", "requests per second that one API client may send to the intake (token bucket rate), unless the client has its own (clients create --rate-limit)", "1000")
-	EnvRateBurst   = config.Register("ORDERPIPE_RATE_BURST", "burst of one API client's token bucket, unless the client has its own (clients create --burst)", "2000")
-	EnvMaxInFlight = config.Register("ORDERPIPE_MAX_IN_FLIGHT", "requests the intake handles at once; more get 503 (code 103) at once", "256")
+	EnvTimeout     = config.DurationSetting("ORDERPIPE_INTAKE_TIMEOUT", "the intake's deadline for its own work on one request (database and broker calls); clients' per-attempt timeouts must be longer", DefaultTimeout)
+	EnvRateLimit   = config.IntSetting("ORDERPIPE_RATE_LIMIT", "requests per second that one API client may send to the intake (token bucket rate), unless the client has its own (clients create --rate-limit)", DefaultRateLimit, 1)
+	EnvRateBurst   = config.IntSetting("ORDERPIPE_RATE_BURST", "burst of one API client's token bucket, unless the client has its own (clients create --burst)", DefaultRateBurst, 1)
+	EnvMaxInFlight = config.IntSetting("ORDERPIPE_MAX_IN_FLIGHT", "requests the intake handles at once; more get 503 (code 103) at once", DefaultMaxInFlight, 1)
 )
 
 // Environment variables of the bounds on the events streams and /mcp.
 var (
-	EnvMaxStreams          = config.Register("ORDERPIPE_MAX_STREAMS", "event streams and /mcp requests the intake serves at once; more get 503 (code 103) at once", "1024")
-	EnvMaxStreamsPerClient = config.Register("ORDERPIPE_MAX_STREAMS_PER_CLIENT", "event streams and /mcp requests one API client may have open at once; more get 429 (code 102)", "16")
+	EnvMaxStreams          = config.IntSetting("ORDERPIPE_MAX_STREAMS", "event streams and /mcp requests the intake serves at once; more get 503 (code 103) at once", DefaultMaxStreams, 1)
+	EnvMaxStreamsPerClient = config.IntSetting("ORDERPIPE_MAX_STREAMS_PER_CLIENT", "event streams and /mcp requests one API client may have open at once; more get 429 (code 102)", DefaultMaxStreamsPerClient, 1)
 )
 
 // Defaults of Options.
@@ -120,24 +120,24 @@ func OptionsFromEnv() (Options, error) {
 	var o Options
 	var errs []error
 	var err error
-	if o.Timeout, err = config.Duration(EnvTimeout, DefaultTimeout); err != nil {
+	if o.Timeout, err = EnvTimeout.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	rateInt, err := config.Int(EnvRateLimit, DefaultRateLimit, 1)
+	rateInt, err := EnvRateLimit.Get()
 	if err != nil {
 		errs = append(errs, err)
 	}
 	o.RateLimit = float64(rateInt)
-	if o.RateBurst, err = config.Int(EnvRateBurst, DefaultRateBurst, 1); err != nil {
+	if o.RateBurst, err = EnvRateBurst.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.MaxInFlight, err = config.Int(EnvMaxInFlight, DefaultMaxInFlight, 1); err != nil {
+	if o.MaxInFlight, err = EnvMaxInFlight.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.MaxStreams, err = config.Int(EnvMaxStreams, DefaultMaxStreams, 1); err != nil {
+	if o.MaxStreams, err = EnvMaxStreams.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.MaxStreamsPerClient, err = config.Int(EnvMaxStreamsPerClient, DefaultMaxStreamsPerClient, 1); err != nil {
+	if o.MaxStreamsPerClient, err = EnvMaxStreamsPerClient.Get(); err != nil {
 		errs = append(errs, err)
 	}
 	if o.TokenTTL, err = idemtoken.TTLFromEnv(); err != nil {
@@ -217,7 +217,7 @@ func (s *Service) Timeout() time.Duration { return s.opts.Timeout }
 // problem.From maps to a class 1 code. The work is bounded by the server
 // deadline, or by ctx's deadline when that is earlier (the HTTP intake
 // passes the one it took when the request entered).
-func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (o orderstore.Order, replayed bool, err error) {
+func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (o order.Order, replayed bool, err error) {
 	t0 := time.Now()
 	outcome := metrics.OutcomeUnavailable
 	defer func() {
@@ -232,13 +232,13 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 			if errors.Is(cerr, idemtoken.ErrUnknown) || errors.Is(cerr, idemtoken.ErrExpired) {
 				outcome = metrics.OutcomeRejectedInvalid
 			}
-			return orderstore.Order{}, false, fmt.Errorf("create order with token %s: %w", req.RequestID, cerr)
+			return order.Order{}, false, fmt.Errorf("create order with token %s: %w", req.RequestID, cerr)
 		}
 		if claimed {
 			// err is the named result: settled with what the caller gets.
 			defer func() { s.settleToken(ctx, req.RequestID, err) }()
 			if ferr := failpoint.Inject(FailAfterTokenClaim); ferr != nil {
-				return orderstore.Order{}, false, ferr
+				return order.Order{}, false, ferr
 			}
 		}
 	}
@@ -253,10 +253,10 @@ func (s *Service) Create(ctx context.Context, clientID uuid.UUID, req order.Crea
 	}
 	if errors.Is(err, order.ErrRequestIDReused) {
 		outcome = metrics.OutcomeMismatch
-		return orderstore.Order{}, false, err
+		return order.Order{}, false, err
 	}
 	if err != nil {
-		return orderstore.Order{}, false, fmt.Errorf("create order for request %s: %w", req.RequestID, err)
+		return order.Order{}, false, fmt.Errorf("create order for request %s: %w", req.RequestID, err)
 	}
 	log := s.env.Logger.With(slog.String("request_id", req.RequestID), slog.String("order_id", res.Order.ID.String()),
 		slog.String("client_id", clientID.String()))
@@ -303,14 +303,14 @@ func (s *Service) IssueToken(ctx context.Context, clientID uuid.UUID) (idemtoken
 
 // Get returns a client's order by id (orderstore.ErrNotFound when it is
 // not the client's).
-func (s *Service) Get(ctx context.Context, clientID, orderID uuid.UUID) (orderstore.Order, error) {
+func (s *Service) Get(ctx context.Context, clientID, orderID uuid.UUID) (order.Order, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	return orderstore.Get(ctx, s.env.Pool, clientID, orderID)
 }
 
 // GetByRequestID returns a client's order by request_id.
-func (s *Service) GetByRequestID(ctx context.Context, clientID uuid.UUID, requestID string) (orderstore.Order, error) {
+func (s *Service) GetByRequestID(ctx context.Context, clientID uuid.UUID, requestID string) (order.Order, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	return orderstore.GetByRequestID(ctx, s.env.Pool, clientID, requestID)

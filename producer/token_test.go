@@ -256,7 +256,7 @@ func TestCrashBetweenTokenClaimAndCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := []string{"DATABASE_URL=" + db.URL, "NATS_URL=" + ns.URL(), producer.EnvTimeout + "=2s"}
+	base := []string{"DATABASE_URL=" + db.URL, "NATS_URL=" + ns.URL(), producer.EnvTimeout.Name + "=2s"}
 	bin := orderpipeBinary(t)
 	p := startProducer(t, bin, append(base, failpoint.EnvVar+"="+producer.FailAfterTokenClaim+"=exit")...)
 	send := func(addr string) (int, string) {

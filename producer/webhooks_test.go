@@ -16,7 +16,6 @@ import (
 	"orderpipe/producer"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent/contract"
-	"orderpipe/shared/orderstore"
 	"orderpipe/shared/webhook"
 )
 
@@ -34,7 +33,7 @@ func webhooks(t *testing.T) *contract.Webhooks {
 func signedWebhook(t *testing.T, reason string) (http.Header, []byte) {
 	t.Helper()
 	now := time.Now().UTC()
-	ch := notify.StatusChange{Order: orderstore.Order{ID: uuid.Must(uuid.NewV7()), No: order.NewOrderNo(now), RequestID: order.NewRequestID(now),
+	ch := notify.StatusChange{Order: order.Order{ID: uuid.Must(uuid.NewV7()), No: order.NewOrderNo(now), RequestID: order.NewRequestID(now),
 		Status: order.StatusCancelled, UserID: 42, Items: []order.Item{{SKU: "SKU-1", Quantity: 2}}, Amount: order.AmountFromCents(3998),
 		Currency: "CNY", CreatedAt: now, UpdatedAt: now, Reason: reason, ClientID: uuid.New(), CallbackURL: "https://example.com/hooks"},
 		Seq: 3, OccurredAt: now}

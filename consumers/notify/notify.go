@@ -37,7 +37,7 @@ func Events() []orderevent.Name { return orderevent.Names() }
 // (status and reason are the change's), with the change's sequence number
 // and time. The same shape is each live stream (SSE) event's data.
 type StatusChange struct {
-	orderstore.Order
+	order.Order
 	// Seq is the change's per-order sequence number (order_events.seq).
 	Seq int `json:"seq"`
 	// OccurredAt is when the change committed.
@@ -80,7 +80,7 @@ func Apply(ctx context.Context, tx pgx.Tx, ev orderevent.Event) (bool, error) {
 	return enqueue(ctx, tx, o, ch)
 }
 
-func enqueue(ctx context.Context, tx pgx.Tx, o orderstore.Order, ch StatusChange) (bool, error) {
+func enqueue(ctx context.Context, tx pgx.Tx, o order.Order, ch StatusChange) (bool, error) {
 	data, err := json.Marshal(ch)
 	if err != nil {
 		return false, fmt.Errorf("encode webhook of order %s: %w", o.ID, err)
@@ -96,7 +96,7 @@ func enqueue(ctx context.Context, tx pgx.Tx, o orderstore.Order, ch StatusChange
 
 // missedChanges returns the order's changes before seq that have no
 // webhook delivery.
-func missedChanges(ctx context.Context, tx pgx.Tx, o orderstore.Order, seq int) ([]StatusChange, error) {
+func missedChanges(ctx context.Context, tx pgx.Tx, o order.Order, seq int) ([]StatusChange, error) {
 	rows, err := tx.Query(ctx, `
 		SELECT e.seq, e.status, coalesce(e.reason, ''), e.occurred_at FROM order_events e
 		WHERE e.order_id = $1 AND e.seq < $2
@@ -116,7 +116,7 @@ func missedChanges(ctx context.Context, tx pgx.Tx, o orderstore.Order, seq int) 
 
 // change finds the history row of the status the event announces (an
 // order enters each status at most once).
-func change(ctx context.Context, tx pgx.Tx, o orderstore.Order, ev orderevent.Event) (StatusChange, error) {
+func change(ctx context.Context, tx pgx.Tx, o order.Order, ev orderevent.Event) (StatusChange, error) {
 	ch := StatusChange{Order: o}
 	err := tx.QueryRow(ctx, `
 		SELECT seq, coalesce(reason, ''), occurred_at FROM order_events

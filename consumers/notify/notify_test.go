@@ -22,7 +22,7 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func newOrder(t *testing.T, pool *pgxpool.Pool, callback string) orderstore.Order {
+func newOrder(t *testing.T, pool *pgxpool.Pool, callback string) order.Order {
 	t.Helper()
 	ctx := context.Background()
 	c, err := tenant.Create(ctx, pool, "notify-test")
@@ -40,7 +40,7 @@ func newOrder(t *testing.T, pool *pgxpool.Pool, callback string) orderstore.Orde
 	return res.Order
 }
 
-func event(o orderstore.Order, s order.Status, redrive int) orderevent.Event {
+func event(o order.Order, s order.Status, redrive int) orderevent.Event {
 	return orderevent.Event{Version: orderevent.Version, Name: orderevent.ForStatus(s), OrderID: o.ID, ClientID: o.ClientID,
 		RequestID: o.RequestID, Status: s, OccurredAt: time.Now(), Redrive: redrive}
 }

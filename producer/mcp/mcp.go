@@ -29,7 +29,6 @@ import (
 	"orderpipe/producer/problem"
 	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/order"
-	"orderpipe/shared/orderstore"
 )
 
 // Intake is the part of the intake service the tools use
@@ -37,11 +36,11 @@ import (
 type Intake interface {
 	// Create accepts an order, or returns the existing one of the same
 	// (client, request_id) and payload (replayed).
-	Create(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (o orderstore.Order, replayed bool, err error)
+	Create(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (o order.Order, replayed bool, err error)
 	// Get returns a client's order (orderstore.ErrNotFound otherwise).
-	Get(ctx context.Context, clientID, orderID uuid.UUID) (orderstore.Order, error)
+	Get(ctx context.Context, clientID, orderID uuid.UUID) (order.Order, error)
 	// GetByRequestID returns a client's order by request_id.
-	GetByRequestID(ctx context.Context, clientID uuid.UUID, requestID string) (orderstore.Order, error)
+	GetByRequestID(ctx context.Context, clientID uuid.UUID, requestID string) (order.Order, error)
 	// DecodeOptions are this deployment's request rules.
 	DecodeOptions() order.DecodeOptions
 	// IssueToken issues the client an idempotency token.
@@ -86,7 +85,7 @@ const (
 
 // OrderResult is the structured content of a successful tool call.
 type OrderResult struct {
-	Order orderstore.Order `json:"order"`
+	Order order.Order `json:"order"`
 	// Replayed (create_order): the request_id was accepted before; this is
 	// that order, as it is now. Nothing new was created.
 	Replayed bool `json:"replayed,omitempty"`
@@ -295,7 +294,7 @@ func (s *server) getOrder(ctx context.Context, clientID uuid.UUID, _ *sdk.CallTo
 	if err := json.Unmarshal(args, &in); err != nil {
 		return nil, invalid("arguments", err.Error())
 	}
-	var o orderstore.Order
+	var o order.Order
 	var err error
 	if in.OrderID != "" {
 		id, perr := uuid.Parse(in.OrderID)

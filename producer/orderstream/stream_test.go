@@ -85,7 +85,7 @@ func setup(t *testing.T, keepAlive, recheck time.Duration, listen bool) *harness
 	return &harness{t: t, pool: db.Pool, creds: creds, srv: replica(t, env, h)}
 }
 
-func (h *harness) newOrder() orderstore.Order {
+func (h *harness) newOrder() order.Order {
 	h.t.Helper()
 	amount, _ := order.ParseAmount("10.00")
 	res, err := orderstore.Insert(context.Background(), h.pool, h.creds.ClientID, order.CreateRequest{

@@ -29,6 +29,76 @@ func Register(name, meaning, def string) string {
 	return name
 }
 
+// Setting is a registered variable of type T with its default: the one
+// value that both `orderpipe help` (and so the docs) and the code use.
+// Read it at the edge with Get and pass the value in.
+type Setting[T any] struct {
+	// Name is the environment variable.
+	Name string
+	// Default is used when the variable is unset or blank.
+	Default T
+	parse   func(string) (T, error)
+}
+
+// String is the variable's name (so that messages can print a Setting).
+func (s Setting[T]) String() string { return s.Name }
+
+// Get reads the variable: Default when it is unset or blank, else the
+// parsed value; a malformed value is an error naming the variable.
+func (s Setting[T]) Get() (T, error) {
+	return s.lookup(os.LookupEnv)
+}
+
+func (s Setting[T]) lookup(env func(string) (string, bool)) (T, error) {
+	v, _ := env(s.Name)
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return s.Default, nil
+	}
+	t, err := s.parse(v)
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("%s: %w, got %q", s.Name, err, v)
+	}
+	return t, nil
+}
+
+// DurationSetting registers a positive duration variable.
+func DurationSetting(name, meaning string, def time.Duration) Setting[time.Duration] {
+	Register(name, meaning, FormatDuration(def))
+	return Setting[time.Duration]{Name: name, Default: def, parse: func(v string) (time.Duration, error) {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return 0, errors.New("want a positive duration like 5s")
+		}
+		return d, nil
+	}}
+}
+
+// IntSetting registers an integer variable of at least min.
+func IntSetting(name, meaning string, def, min int) Setting[int] {
+	Register(name, meaning, strconv.Itoa(def))
+	return Setting[int]{Name: name, Default: def, parse: func(v string) (int, error) {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < min {
+			return 0, fmt.Errorf("want an integer >= %d", min)
+		}
+		return n, nil
+	}}
+}
+
+// FormatDuration writes d as a person would: 15m rather than 15m0s.
+func FormatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 // Vars returns every documented variable, sorted by name.
 func Vars() []Var {
 	out := make([]Var, 0, len(registry))
@@ -43,14 +113,25 @@ func Vars() []Var {
 var (
 	EnvDatabaseURL           = Register("DATABASE_URL", "PostgreSQL connection string", "dev: the managed local server")
 	EnvNATSURL               = Register("NATS_URL", "NATS server(s), comma-separated", "dev: the embedded server")
-	EnvHTTPAddr              = Register("HTTP_ADDR", "listen address of the part's HTTP server (intake API, or health and metrics)", ":8080")
+	EnvHTTPAddr              = Register("HTTP_ADDR", "listen address of the part's HTTP server (intake API, or health and metrics)", DefaultHTTPAddr)
 	EnvPSPURL                = Register("PSP_URL", "base URL of the payment provider", "dev: the built-in stand-in")
-	EnvDataDir               = Register("ORDERPIPE_DATA_DIR", "where `dev` keeps its PostgreSQL and JetStream data", ".data")
+	EnvDataDir               = Register("ORDERPIPE_DATA_DIR", "where `dev` keeps its PostgreSQL and JetStream data", DefaultDataDir)
 	EnvAllowPrivateCallbacks = Register("ORDERPIPE_ALLOW_PRIVATE_CALLBACKS", "let callback URLs be http and point at private/loopback addresses (dev, tests)", "off")
 	EnvLogFormat             = Register("ORDERPIPE_LOG_FORMAT", "log format: json or text", "json (text in dev)")
-	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", "info")
-	EnvStreamReplicas        = Register("ORDERPIPE_STREAM_REPLICAS", "replicas of the ORDERS stream (1, 3 or 5)", "1")
-	EnvShutdownTimeout       = Register("ORDERPIPE_SHUTDOWN_TIMEOUT", "how long a process drains in-flight work on SIGTERM", "20s")
+	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", DefaultLogLevel)
+	EnvStreamReplicas        = Register("ORDERPIPE_STREAM_REPLICAS", "replicas of the ORDERS stream (1, 3 or 5)", strconv.Itoa(DefaultStreamReplicas))
+	EnvShutdownTimeout       = Register("ORDERPIPE_SHUTDOWN_TIMEOUT", "how long a process drains in-flight work on SIGTERM", FormatDuration(DefaultShutdownTimeout))
+)
+
+// Defaults of Config, each written once: Register documents it and
+// fromLookup uses it.
+const (
+	DefaultHTTPAddr        = ":8080"
+	DefaultDataDir         = ".data"
+	DefaultLogFormat       = "json"
+	DefaultLogLevel        = "info"
+	DefaultStreamReplicas  = 1
+	DefaultShutdownTimeout = 20 * time.Second
 )
 
 // Config is what every process reads from the environment. Parts read
@@ -85,22 +166,24 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 	c := Config{
 		DatabaseURL: get(EnvDatabaseURL, ""),
 		NATSURL:     get(EnvNATSURL, ""),
-		HTTPAddr:    get(EnvHTTPAddr, ":8080"),
+		HTTPAddr:    get(EnvHTTPAddr, DefaultHTTPAddr),
 		PSPURL:      get(EnvPSPURL, ""),
-		DataDir:     get(EnvDataDir, ".data"),
-		LogFormat:   get(EnvLogFormat, "json"),
-		LogLevel:    get(EnvLogLevel, "info"),
+		DataDir:     get(EnvDataDir, DefaultDataDir),
+		LogFormat:   get(EnvLogFormat, DefaultLogFormat),
+		LogLevel:    get(EnvLogLevel, DefaultLogLevel),
 	}
 	var errs []error
 	var err error
 	if c.AllowPrivateCallbacks, err = ParseBool(get(EnvAllowPrivateCallbacks, "off")); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", EnvAllowPrivateCallbacks, err))
 	}
-	if c.StreamReplicas, err = strconv.Atoi(get(EnvStreamReplicas, "1")); err != nil || (c.StreamReplicas != 1 && c.StreamReplicas != 3 && c.StreamReplicas != 5) {
-		errs = append(errs, fmt.Errorf("%s: want 1, 3 or 5, got %q", EnvStreamReplicas, get(EnvStreamReplicas, "1")))
+	replicas := get(EnvStreamReplicas, strconv.Itoa(DefaultStreamReplicas))
+	if c.StreamReplicas, err = strconv.Atoi(replicas); err != nil || (c.StreamReplicas != 1 && c.StreamReplicas != 3 && c.StreamReplicas != 5) {
+		errs = append(errs, fmt.Errorf("%s: want 1, 3 or 5, got %q", EnvStreamReplicas, replicas))
 	}
-	if c.ShutdownTimeout, err = time.ParseDuration(get(EnvShutdownTimeout, "20s")); err != nil || c.ShutdownTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("%s: want a positive duration like 20s, got %q", EnvShutdownTimeout, get(EnvShutdownTimeout, "20s")))
+	shutdown := get(EnvShutdownTimeout, DefaultShutdownTimeout.String())
+	if c.ShutdownTimeout, err = time.ParseDuration(shutdown); err != nil || c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%s: want a positive duration like 20s, got %q", EnvShutdownTimeout, shutdown))
 	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("%s: want json or text, got %q", EnvLogFormat, c.LogFormat))
@@ -147,31 +230,4 @@ func ParseBool(s string) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("want on/off, true/false, 1/0 or yes/no, got %q", s)
-}
-
-// Duration reads a duration variable with a default; an unparsable or
-// non-positive value is an error naming the variable.
-func Duration(name string, def time.Duration) (time.Duration, error) {
-	v := strings.TrimSpace(os.Getenv(name))
-	if v == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%s: want a positive duration like 5s, got %q", name, v)
-	}
-	return d, nil
-}
-
-// Int reads an integer variable with a default and a lower bound.
-func Int(name string, def, min int) (int, error) {
-	v := strings.TrimSpace(os.Getenv(name))
-	if v == "" {
-		return def, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < min {
-		return 0, fmt.Errorf("%s: want an integer >= %d, got %q", name, min, v)
-	}
-	return n, nil
 }

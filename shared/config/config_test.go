@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func lookup(m map[string]string) func(string) (string, bool) {
@@ -45,5 +46,44 @@ func TestRequire(t *testing.T) {
 	}
 	if err := (Config{DatabaseURL: "x", NATSURL: "y"}).Require(EnvDatabaseURL, EnvNATSURL); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A Setting's default is written once: Vars documents it and Get returns
+// it when the variable is unset; a malformed value names the variable.
+func TestSettings(t *testing.T) {
+	d := DurationSetting("ORDERPIPE_TEST_SETTING_D", "a test duration", 15*time.Minute)
+	n := IntSetting("ORDERPIPE_TEST_SETTING_N", "a test integer", 8, 2)
+	doc := map[string]string{}
+	for _, v := range Vars() {
+		doc[v.Name] = v.Default
+	}
+	if doc[d.Name] != "15m" || doc[n.Name] != "8" {
+		t.Fatalf("documented defaults %q and %q", doc[d.Name], doc[n.Name])
+	}
+	env := lookup(map[string]string{})
+	if v, err := d.lookup(env); err != nil || v != 15*time.Minute {
+		t.Fatalf("unset duration: %v %v", v, err)
+	}
+	if v, err := n.lookup(lookup(map[string]string{n.Name: " 5 "})); err != nil || v != 5 {
+		t.Fatalf("set integer: %v %v", v, err)
+	}
+	for _, bad := range []struct {
+		s   interface{ String() string }
+		get func() error
+	}{
+		{d, func() error { _, err := d.lookup(lookup(map[string]string{d.Name: "soon"})); return err }},
+		{d, func() error { _, err := d.lookup(lookup(map[string]string{d.Name: "-1s"})); return err }},
+		{n, func() error { _, err := n.lookup(lookup(map[string]string{n.Name: "1"})); return err }},
+		{n, func() error { _, err := n.lookup(lookup(map[string]string{n.Name: "many"})); return err }},
+	} {
+		if err := bad.get(); err == nil || !strings.Contains(err.Error(), bad.s.String()) {
+			t.Errorf("malformed %s: %v", bad.s, err)
+		}
+	}
+	for in, want := range map[time.Duration]string{5 * time.Second: "5s", 15 * time.Minute: "15m", 2 * time.Hour: "2h", 90 * time.Second: "1m30s"} {
+		if got := FormatDuration(in); got != want {
+			t.Errorf("FormatDuration(%s) = %q, want %q", in, got, want)
+		}
 	}
 }

@@ -40,7 +40,7 @@ import (
 )
 
 // EnvTTL is the time to live of an issued token.
-var EnvTTL = config.Register("ORDERPIPE_TOKEN_TTL", "time to live of a server-issued idempotency token (POST /v1/idempotency-tokens, MCP new_order_token)", "15m")
+var EnvTTL = config.DurationSetting("ORDERPIPE_TOKEN_TTL", "time to live of a server-issued idempotency token (POST /v1/idempotency-tokens, MCP new_order_token)", DefaultTTL)
 
 // DefaultTTL is a token's time to live: long enough for a slow user's or
 // agent's retries, short enough that dead tokens do not pile up.
@@ -108,12 +108,12 @@ type Token struct {
 
 // TTLFromEnv reads ORDERPIPE_TOKEN_TTL (a positive duration up to MaxTTL).
 func TTLFromEnv() (time.Duration, error) {
-	ttl, err := config.Duration(EnvTTL, DefaultTTL)
+	ttl, err := EnvTTL.Get()
 	if err != nil {
 		return 0, err
 	}
 	if ttl <= 0 || ttl > MaxTTL {
-		return 0, fmt.Errorf("%s must be between 1s and %s, got %s", EnvTTL, MaxTTL, ttl)
+		return 0, fmt.Errorf("%s must be between 1s and %s, got %s", EnvTTL.Name, MaxTTL, ttl)
 	}
 	return ttl, nil
 }

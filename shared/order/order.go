@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Status is where an order is in its life. The database mirrors this list
@@ -134,4 +136,25 @@ func randomHex(n int) string {
 		panic(err)
 	}
 	return hex.EncodeToString(b)
+}
+
+// Order is an order as clients see it (the JSON shape of DESIGN.md), plus
+// the server-side fields that are never sent.
+type Order struct {
+	ID        uuid.UUID `json:"order_id"`
+	No        string    `json:"order_no"`
+	RequestID string    `json:"request_id"`
+	Status    Status    `json:"status"`
+	UserID    int64     `json:"user_id"`
+	Items     []Item    `json:"items"`
+	Amount    Amount    `json:"amount"`
+	Currency  string    `json:"currency"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// Reason is set when the order was rejected or cancelled.
+	Reason string `json:"reason,omitempty"`
+
+	ClientID    uuid.UUID `json:"-"`
+	CallbackURL string    `json:"-"`
+	Fingerprint []byte    `json:"-"`
 }

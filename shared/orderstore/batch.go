@@ -94,7 +94,7 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 			i := byID[id]
 			inserted[i] = true
 			r := reqs[i]
-			res[i].Order = Order{ID: id, No: nos[i], RequestID: rids[i], Status: order.StatusProcessing, UserID: users[i], Items: r.Req.Items,
+			res[i].Order = order.Order{ID: id, No: nos[i], RequestID: rids[i], Status: order.StatusProcessing, UserID: users[i], Items: r.Req.Items,
 				Amount: r.Req.Amount, Currency: curs[i], ClientID: r.ClientID, CallbackURL: cbs[i], Fingerprint: fps[i], CreatedAt: created, UpdatedAt: updated}
 			got = append(got, id)
 		}
@@ -180,7 +180,7 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 	if err != nil {
 		return nil, fmt.Errorf("read the stored orders of repeated requests: %w", err)
 	}
-	stored := map[[2]string]Order{}
+	stored := map[[2]string]order.Order{}
 	for rows.Next() {
 		o, err := scanOrder(rows)
 		if err != nil {

@@ -22,27 +22,6 @@ const (
 	ConstraintOrderNo      = "uk_order_no"
 )
 
-// Order is an order as clients see it (the JSON shape of DESIGN.md), plus
-// the server-side fields that are never sent.
-type Order struct {
-	ID        uuid.UUID    `json:"order_id"`
-	No        string       `json:"order_no"`
-	RequestID string       `json:"request_id"`
-	Status    order.Status `json:"status"`
-	UserID    int64        `json:"user_id"`
-	Items     []order.Item `json:"items"`
-	Amount    order.Amount `json:"amount"`
-	Currency  string       `json:"currency"`
-	CreatedAt time.Time    `json:"created_at"`
-	UpdatedAt time.Time    `json:"updated_at"`
-	// Reason is set when the order was rejected or cancelled.
-	Reason string `json:"reason,omitempty"`
-
-	ClientID    uuid.UUID `json:"-"`
-	CallbackURL string    `json:"-"`
-	Fingerprint []byte    `json:"-"`
-}
-
 // Querier is a pool or a transaction.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -61,7 +40,7 @@ type InsertOptions struct {
 // Inserted is what Insert did.
 type Inserted struct {
 	// Order is the new order, or the existing one on a replay.
-	Order Order
+	Order order.Order
 	// Replayed is true when the (client, request_id) existed with the same
 	// fingerprint: nothing was written.
 	Replayed bool
@@ -111,7 +90,7 @@ func Insert(ctx context.Context, pool *pgxpool.Pool, clientID uuid.UUID, req ord
 		if err != nil {
 			return Inserted{}, fmt.Errorf("new order id: %w", err)
 		}
-		o := Order{ID: id, No: opts.NewOrderNo(time.Now()), RequestID: req.RequestID, Status: order.StatusProcessing,
+		o := order.Order{ID: id, No: opts.NewOrderNo(time.Now()), RequestID: req.RequestID, Status: order.StatusProcessing,
 			UserID: req.UserID, Items: req.Items, Amount: req.Amount, Currency: req.Currency,
 			ClientID: clientID, CallbackURL: req.CallbackURL, Fingerprint: fp}
 		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -149,7 +128,7 @@ func Insert(ctx context.Context, pool *pgxpool.Pool, clientID uuid.UUID, req ord
 	}
 }
 
-func replay(existing Order, fp []byte) (Inserted, error) {
+func replay(existing order.Order, fp []byte) (Inserted, error) {
 	if !bytes.Equal(existing.Fingerprint, fp) {
 		return Inserted{Order: existing}, fmt.Errorf("request %s (order %s): %w", existing.RequestID, existing.ID, order.ErrRequestIDReused)
 	}
@@ -158,42 +137,42 @@ func replay(existing Order, fp []byte) (Inserted, error) {
 
 // Get returns a client's order by id; ErrNotFound when it does not exist
 // or belongs to another client.
-func Get(ctx context.Context, q Querier, clientID, orderID uuid.UUID) (Order, error) {
+func Get(ctx context.Context, q Querier, clientID, orderID uuid.UUID) (order.Order, error) {
 	o, err := scanOrder(q.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE client_id = $1 AND order_id = $2`, clientID, orderID))
 	if err != nil {
-		return Order{}, fmt.Errorf("get order %s: %w", orderID, err)
+		return order.Order{}, fmt.Errorf("get order %s: %w", orderID, err)
 	}
 	return o, nil
 }
 
 // GetByRequestID returns a client's order by request_id; ErrNotFound when
 // the client has none with it.
-func GetByRequestID(ctx context.Context, q Querier, clientID uuid.UUID, requestID string) (Order, error) {
+func GetByRequestID(ctx context.Context, q Querier, clientID uuid.UUID, requestID string) (order.Order, error) {
 	o, err := scanOrder(q.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE client_id = $1 AND request_id = $2`, clientID, requestID))
 	if err != nil {
-		return Order{}, fmt.Errorf("get order of request %s: %w", requestID, err)
+		return order.Order{}, fmt.Errorf("get order of request %s: %w", requestID, err)
 	}
 	return o, nil
 }
 
-func scanOrder(row pgx.Row) (Order, error) {
-	var o Order
+func scanOrder(row pgx.Row) (order.Order, error) {
+	var o order.Order
 	var status, amount string
 	var items []byte
 	err := row.Scan(&o.ID, &o.No, &o.ClientID, &o.RequestID, &o.Fingerprint, &status, &o.UserID, &items, &amount,
 		&o.Currency, &o.CallbackURL, &o.Reason, &o.CreatedAt, &o.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Order{}, ErrNotFound
+		return order.Order{}, ErrNotFound
 	}
 	if err != nil {
-		return Order{}, err
+		return order.Order{}, err
 	}
 	o.Status = order.Status(status)
 	if err := json.Unmarshal(items, &o.Items); err != nil {
-		return Order{}, fmt.Errorf("decode items of order %s: %w", o.ID, err)
+		return order.Order{}, fmt.Errorf("decode items of order %s: %w", o.ID, err)
 	}
 	if o.Amount, err = order.ParseAmount(amount); err != nil {
-		return Order{}, fmt.Errorf("decode amount %q of order %s: %w", amount, o.ID, err)
+		return order.Order{}, fmt.Errorf("decode amount %q of order %s: %w", amount, o.ID, err)
 	}
 	o.CreatedAt, o.UpdatedAt = o.CreatedAt.UTC(), o.UpdatedAt.UTC()
 	return o, nil

@@ -429,15 +429,15 @@ func TestClientFromEnv(t *testing.T) {
 	if _, err := psp.ClientFromEnv(config.Config{}); err == nil {
 		t.Error("no PSP_URL accepted")
 	}
-	t.Setenv(psp.EnvTimeout, "250ms")
+	t.Setenv(psp.EnvTimeout.Name, "250ms")
 	c, err := psp.ClientFromEnv(config.Config{PSPURL: "http://127.0.0.1:1/"})
 	if err != nil || c.Timeout != 250*time.Millisecond || c.BaseURL != "http://127.0.0.1:1" {
 		t.Fatalf("client = %+v, %v", c, err)
 	}
 	for _, bad := range []string{"soon", "-1s", "0"} {
-		t.Setenv(psp.EnvTimeout, bad)
+		t.Setenv(psp.EnvTimeout.Name, bad)
 		if _, err := psp.ClientFromEnv(config.Config{PSPURL: "http://x"}); err == nil {
-			t.Errorf("%s=%q accepted", psp.EnvTimeout, bad)
+			t.Errorf("%s=%q accepted", psp.EnvTimeout.Name, bad)
 		}
 	}
 }

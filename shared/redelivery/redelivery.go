@@ -18,8 +18,8 @@ import (
 // The variables of the policy (read by `orderpipe consumers` and by the
 // compensator, which must be given the consumers' values).
 var (
-	EnvAckWait    = config.Register("ORDERPIPE_CONSUMER_ACK_WAIT", "JetStream AckWait of the step consumers; in-progress acks go out every third of it", "30s")
-	EnvMaxDeliver = config.Register("ORDERPIPE_CONSUMER_MAX_DELIVER", "deliveries of one message before it is dead-lettered", "8")
+	EnvAckWait    = config.DurationSetting("ORDERPIPE_CONSUMER_ACK_WAIT", "JetStream AckWait of the step consumers; in-progress acks go out every third of it", 30*time.Second)
+	EnvMaxDeliver = config.IntSetting("ORDERPIPE_CONSUMER_MAX_DELIVER", "deliveries of one message before it is dead-lettered", 8, 2)
 )
 
 // Policy is how one message is redelivered.
@@ -41,8 +41,8 @@ type Policy struct {
 // Default is the production policy.
 func Default() Policy {
 	return Policy{
-		AckWait:       30 * time.Second,
-		MaxDeliver:    8,
+		AckWait:       EnvAckWait.Default,
+		MaxDeliver:    EnvMaxDeliver.Default,
 		Redelivery:    []time.Duration{time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute},
 		MaxProcessing: 2 * time.Minute,
 	}
@@ -53,10 +53,10 @@ func FromEnv() (Policy, error) {
 	p := Default()
 	var errs []error
 	var err error
-	if p.AckWait, err = config.Duration(EnvAckWait, p.AckWait); err != nil {
+	if p.AckWait, err = EnvAckWait.Get(); err != nil {
 		errs = append(errs, err)
 	}
-	if p.MaxDeliver, err = config.Int(EnvMaxDeliver, p.MaxDeliver, 2); err != nil {
+	if p.MaxDeliver, err = EnvMaxDeliver.Get(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -21,23 +21,23 @@ import (
 
 // Environment variables of the delivery worker.
 var (
-	EnvConcurrency = config.Register("ORDERPIPE_WEBHOOK_CONCURRENCY", "most webhook sends in flight per process", "32")
-	EnvPerClient   = config.Register("ORDERPIPE_WEBHOOK_PER_CLIENT", "most webhook sends in flight per client per process (a slow receiver holds no more)", "4")
-	EnvTimeout     = config.Register("ORDERPIPE_WEBHOOK_TIMEOUT", "bound on one webhook request: connect, TLS, send, answer", "10s")
+	EnvConcurrency = config.IntSetting("ORDERPIPE_WEBHOOK_CONCURRENCY", "most webhook sends in flight per process", 32, 1)
+	EnvPerClient   = config.IntSetting("ORDERPIPE_WEBHOOK_PER_CLIENT", "most webhook sends in flight per client per process (a slow receiver holds no more)", 4, 1)
+	EnvTimeout     = config.DurationSetting("ORDERPIPE_WEBHOOK_TIMEOUT", "bound on one webhook request: connect, TLS, send, answer", 10*time.Second)
 )
 
 // WorkerFromEnv returns a worker configured from the environment and env's
 // config (AllowPrivateCallbacks).
 func WorkerFromEnv(env *app.Env) (*Worker, error) {
-	conc, err := config.Int(EnvConcurrency, 32, 1)
+	conc, err := EnvConcurrency.Get()
 	if err != nil {
 		return nil, err
 	}
-	per, err := config.Int(EnvPerClient, 4, 1)
+	per, err := EnvPerClient.Get()
 	if err != nil {
 		return nil, err
 	}
-	timeout, err := config.Duration(EnvTimeout, 10*time.Second)
+	timeout, err := EnvTimeout.Get()
 	if err != nil {
 		return nil, err
 	}
