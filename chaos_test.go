@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +55,7 @@ func TestChaosCommandsRefuseBadInput(t *testing.T) {
 func TestCheckFindsBrokenInvariants(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {

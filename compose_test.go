@@ -47,7 +47,7 @@ func loadCompose(t *testing.T, path string, env ...string) *types.Project {
 	if err != nil {
 		t.Fatalf("compose options: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	p, err := opts.LoadProject(ctx)
 	if err != nil {

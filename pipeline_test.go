@@ -96,7 +96,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	env := &app.Env{Config: cfg, Logger: app.NewLogger(cfg, logs), Pool: db.Pool, NC: n.Conn, JS: n.JS,
 		Topology: n.Topology, Metrics: app.NewRegistry()}
 
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	var waits []func() error
 	stop := func() {
 		cancel()

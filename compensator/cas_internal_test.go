@@ -1,7 +1,6 @@
 package compensator
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -20,7 +19,7 @@ import (
 func TestConsumerWinsBetweenReadAndWrite(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	client := uuid.New()
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO api_clients (client_id, name, api_key_hash, webhook_secret) VALUES ($1, 'c', $2, 's')`, client, client[:]); err != nil {
 		t.Fatal(err)
@@ -97,7 +96,7 @@ func TestConsumerWinsBetweenReadAndWrite(t *testing.T) {
 func TestSweepsExpiredDedupeRowsOnly(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at)
 		SELECT 'c', 'old-' || g, now() - interval '73 hours' FROM generate_series(1, 6000) g
 		UNION ALL SELECT 'c', 'new-' || g, now() - interval '71 hours' FROM generate_series(1, 10) g`); err != nil {

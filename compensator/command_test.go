@@ -24,7 +24,7 @@ import (
 // run runs a command the way main does: flags, then Run.
 func run(t *testing.T, cmd cli.Command, cfg config.Config, args ...string) (string, error) {
 	t.Helper()
-	return runCtx(context.Background(), t, cmd, cfg, args...)
+	return runCtx(t.Context(), t, cmd, cfg, args...)
 }
 
 // runCtx is run until ctx ends (for the daemon).

@@ -65,7 +65,7 @@ func TestConfigRefusesWindowsThatDoNotFit(t *testing.T) {
 func TestRedrivePublishesTheCurrentEventWithAFreshMsgID(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	id := w.newOrder(spec{status: order.StatusProcessing})
 	fresh := w.newOrder(spec{status: order.StatusProcessing}) // not past its deadline
 	c := w.comp(w.cfg(3), w.psp)
@@ -112,7 +112,7 @@ func TestRedrivePublishesTheCurrentEventWithAFreshMsgID(t *testing.T) {
 func TestRedriveCountsPerStateAndEndsInAnUnwind(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	id := w.newOrder(spec{status: order.StatusProcessing})
 	c := w.comp(w.cfg(1), w.psp)
 	w.age(id)
@@ -210,7 +210,7 @@ func TestUnwindReleasesStockAndRefundsOnce(t *testing.T) {
 func TestRefundCrashBetweenProviderAndRecord(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	id := w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"})
 	w.age(id)
 	// Unwound while no provider is reachable: the refund stays due, its
@@ -254,7 +254,7 @@ func TestProviderDownDuringUnwind(t *testing.T) {
 	id := w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}, payment: "pending"})
 	down := psp.NewClient("http://127.0.0.1:1", time.Second)
 	w.age(id)
-	res, err := w.comp(w.cfg(compensator.NoRedrive), down).RunOnce(context.Background())
+	res, err := w.comp(w.cfg(compensator.NoRedrive), down).RunOnce(t.Context())
 	if err == nil || !psp.IsTransient(err) || res.Unwound != 1 {
 		t.Fatalf("pass with the provider down: %+v %v", res, err)
 	}
@@ -265,7 +265,7 @@ func TestProviderDownDuringUnwind(t *testing.T) {
 		t.Fatalf("refund intent: %s", s)
 	}
 	// No provider at all: the refund stays due and the pass says so.
-	if _, err := w.comp(w.cfg(compensator.NoRedrive), nil).RunOnce(context.Background()); err == nil || !strings.Contains(err.Error(), "no payment provider") {
+	if _, err := w.comp(w.cfg(compensator.NoRedrive), nil).RunOnce(t.Context()); err == nil || !strings.Contains(err.Error(), "no payment provider") {
 		t.Fatalf("without provider: %v", err)
 	}
 	// The provider is back. It never saw the key, so the key is voided:
@@ -283,7 +283,7 @@ func TestProviderDownDuringUnwind(t *testing.T) {
 	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "voided" {
 		t.Fatalf("payment %s, want voided", s)
 	}
-	if _, err := w.psp.Charge(context.Background(), payments.ChargeKey(id), "1.00", "CNY", id.String()); !psp.IsVoided(err) {
+	if _, err := w.psp.Charge(t.Context(), payments.ChargeKey(id), "1.00", "CNY", id.String()); !psp.IsVoided(err) {
 		t.Fatalf("a late charge of the voided key: %v, want 410", err)
 	}
 	if res := w.pass(w.comp(w.cfg(compensator.NoRedrive), w.psp)); len(res.Actions) != 0 {
@@ -305,7 +305,7 @@ func TestKilledMidPassThenRunAgain(t *testing.T) {
 	cfg.BatchSize = 3
 	c := w.comp(cfg, w.psp)
 	disable := failpoint.Enable(compensator.FailMidPass, 5) // second order of the second batch
-	res, err := c.RunOnce(context.Background())
+	res, err := c.RunOnce(t.Context())
 	disable()
 	if !errors.Is(err, failpoint.ErrInjected) {
 		t.Fatalf("pass: %v", err)
@@ -318,7 +318,7 @@ func TestKilledMidPassThenRunAgain(t *testing.T) {
 	}
 	// And one that dies after its batch committed, before publishing.
 	disable = failpoint.Enable(compensator.FailAfterBatch, 1)
-	res, err = c.RunOnce(context.Background())
+	res, err = c.RunOnce(t.Context())
 	disable()
 	if !errors.Is(err, failpoint.ErrInjected) || res.Redriven != 3 {
 		t.Fatalf("second pass: %+v %v", res, err)
@@ -354,7 +354,7 @@ func TestKilledMidPassThenRunAgain(t *testing.T) {
 func TestDryRunChangesNothing(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	redrive := w.newOrder(spec{status: order.StatusProcessing})
 	unwind := w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 2}, payment: "succeeded"})
 	w.newOrder(spec{status: order.StatusReserved}) // not stuck
@@ -409,7 +409,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 func TestTwoCompensatorsAndARacingConsumer(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	const n = 24
 	var ids []uuid.UUID
 	for range n {
@@ -495,7 +495,7 @@ func TestTwoCompensatorsAndARacingConsumer(t *testing.T) {
 func TestTwoCompensatorsRedriveOncePerDeadline(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	var ids []uuid.UUID
 	for range 20 {
 		ids = append(ids, w.newOrder(spec{status: order.StatusReserved}))
@@ -528,7 +528,7 @@ func TestDaemonPassesAtOnceAndStops(t *testing.T) {
 	id := w.newOrder(spec{status: order.StatusPaid})
 	w.age(id)
 	c := w.comp(w.cfg(3), w.psp)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	testenv.WaitFor(t, 10*time.Second, "the first pass", func() bool {

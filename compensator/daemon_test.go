@@ -77,7 +77,7 @@ func TestDaemonServesHealthAndMetricsAndStops(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	cfg := config.Config{DatabaseURL: w.db.URL, NATSURL: nats.URL(), PSPURL: w.pspURL, HTTPAddr: addr, ShutdownTimeout: 5 * time.Second}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
 		_, err := runCtx(ctx, t, compensator.Command(), cfg, "--stuck-after", "1h", "--interval", "1m")

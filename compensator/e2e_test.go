@@ -247,7 +247,7 @@ func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 		return w.int(`SELECT count(*) FROM dead_letters WHERE order_id = $1`, id) == 2
 	})
 	w.age(id)
-	res, err := c.RunOnce(context.Background())
+	res, err := c.RunOnce(t.Context())
 	if res.Unwound != 1 || err == nil || !psp.IsTransient(err) {
 		t.Fatalf("unwind with the provider down: %+v %v", res, err)
 	}
@@ -296,7 +296,7 @@ func TestTwoCompensatorsRaceTheRouter(t *testing.T) {
 	cfg := w.cfg(compensator.NoRedrive)
 	cfg.BatchSize = 3
 	a, b := w.comp(cfg, w.psp), w.comp(cfg, w.psp)
-	ctx := context.Background()
+	ctx := t.Context()
 	errs := make(chan error, 8)
 	done := make(chan struct{})
 	for _, c := range []*compensator.Compensator{a, b} {

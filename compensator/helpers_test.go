@@ -274,7 +274,7 @@ func (w *world) msgIDs(id uuid.UUID) []string {
 
 func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	t.Helper()
-	s, err := js.Stream(context.Background(), stream)
+	s, err := js.Stream(t.Context(), stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 // dump returns one digest per table of the public schema, of every row.
 func dump(t *testing.T, pool *pgxpool.Pool) map[string]string {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename`)
 	if err != nil {
 		t.Fatal(err)

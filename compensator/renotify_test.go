@@ -2,7 +2,6 @@ package compensator_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"slices"
 	"testing"
@@ -27,7 +26,7 @@ import (
 func TestRenotifyAFinalEventTheBrokerLost(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	confirm := func() (orderevent.Event, string) {
 		id := w.newOrder(spec{status: order.StatusPaid})
 		var oid int64

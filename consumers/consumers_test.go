@@ -39,7 +39,7 @@ func TestHappyPathAndRejection(t *testing.T) {
 	}
 	for _, id := range []any{noStock, unknown} {
 		var s, reason string
-		if err := e.DB.Pool.QueryRow(context.Background(), `SELECT status, coalesce(reason, '') FROM orders WHERE order_id = $1`, id).Scan(&s, &reason); err != nil {
+		if err := e.DB.Pool.QueryRow(t.Context(), `SELECT status, coalesce(reason, '') FROM orders WHERE order_id = $1`, id).Scan(&s, &reason); err != nil {
 			t.Fatal(err)
 		}
 		if s != string(order.StatusRejected) || reason == "" {

@@ -2,7 +2,6 @@ package consumers_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -35,14 +34,14 @@ func publishRaw(t *testing.T, e *pipetest.Env, subject string, data []byte, orde
 	if orderID != "" {
 		m.Header.Set(orderevent.HeaderOrderID, orderID)
 	}
-	if _, err := e.NATS.JS.PublishMsg(context.Background(), m, jetstream.WithMsgID(id)); err != nil {
+	if _, err := e.NATS.JS.PublishMsg(t.Context(), m, jetstream.WithMsgID(id)); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func deadLetters(t *testing.T, e *pipetest.Env) []consumers.DeadLetter {
 	t.Helper()
-	dls, err := consumers.ListDeadLetters(context.Background(), e.DB.Pool, true, 1000)
+	dls, err := consumers.ListDeadLetters(t.Context(), e.DB.Pool, true, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +102,7 @@ func TestMalformedPayloads(t *testing.T) {
 		}
 	}
 	var n int
-	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM processed_messages) + (SELECT count(*) FROM psp_charges)`).Scan(&n); err != nil || n != 0 {
+	if err := e.DB.Pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM processed_messages) + (SELECT count(*) FROM psp_charges)`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("malformed messages changed something: %d rows (%v)", n, err)
 	}
 }
@@ -128,7 +127,7 @@ func TestPoisonOrderLeftThenReplayed(t *testing.T) {
 	if s := e.Status(t, id); s != order.StatusProcessing {
 		t.Fatalf("poisoned order: %s, want left in processing", s)
 	}
-	if _, err := e.DB.Pool.Exec(context.Background(), `UPDATE orders SET items = '[{"sku":"SKU-1","quantity":1}]' WHERE order_id = $1`, id); err != nil {
+	if _, err := e.DB.Pool.Exec(t.Context(), `UPDATE orders SET items = '[{"sku":"SKU-1","quantity":1}]' WHERE order_id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
 	// Replay through the command, as an operator would.
@@ -141,19 +140,19 @@ func TestPoisonOrderLeftThenReplayed(t *testing.T) {
 		t.Fatalf("dlq replay printed %q", out.String())
 	}
 	testenv.WaitFor(t, 30*time.Second, "the replayed order confirmed", func() bool { return e.Status(t, id) == order.StatusConfirmed })
-	if _, err := consumers.ReplayDeadLetter(context.Background(), e.DB.Pool, e.NATS.JS, dl.ID); err != nil {
+	if _, err := consumers.ReplayDeadLetter(t.Context(), e.DB.Pool, e.NATS.JS, dl.ID); err != nil {
 		t.Fatal(err)
 	}
-	got, err := consumers.GetDeadLetter(context.Background(), e.DB.Pool, dl.ID)
+	got, err := consumers.GetDeadLetter(t.Context(), e.DB.Pool, dl.ID)
 	if err != nil || got.Replays != 2 || got.ReplayedAt == nil {
 		t.Fatalf("after two replays: %+v, %v", got, err)
 	}
 	testenv.WaitFor(t, 30*time.Second, "the second replay consumed", func() bool {
-		c, err := e.NATS.JS.Consumer(context.Background(), e.App.Topology.Stream, "inventory")
+		c, err := e.NATS.JS.Consumer(t.Context(), e.App.Topology.Stream, "inventory")
 		if err != nil {
 			return false
 		}
-		ci, err := c.Info(context.Background())
+		ci, err := c.Info(t.Context())
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
 	})
 	e.CheckInvariants(t)
@@ -217,7 +216,7 @@ func TestRetriesExhausted(t *testing.T) {
 	}
 	r.Stop(t)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
-	if _, err := consumers.ReplayDeadLetter(context.Background(), e.DB.Pool, e.NATS.JS, dl.ID); err != nil {
+	if _, err := consumers.ReplayDeadLetter(t.Context(), e.DB.Pool, e.NATS.JS, dl.ID); err != nil {
 		t.Fatal(err)
 	}
 	e.WaitTerminal(t, 30*time.Second)
@@ -237,7 +236,7 @@ func runCmd(t *testing.T, cmd cli.Command, cfg config.Config, out io.Writer, arg
 	if err := fs.Parse(args); err != nil {
 		return cli.Usagef("%v", err)
 	}
-	return cmd.Run(context.Background(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: out, Stderr: io.Discard, Config: cfg})
+	return cmd.Run(t.Context(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: out, Stderr: io.Discard, Config: cfg})
 }
 
 // TestCommandsRefuseBadArguments checks the command lines before any

@@ -87,7 +87,7 @@ func TestDuplicatesInjected(t *testing.T) {
 			id := fmt.Sprintf("%s:copy%d", m.Header.Get(orderevent.HeaderMsgID), i)
 			c.Header.Set(orderevent.HeaderMsgID, id)
 			c.Header.Set("Test-Copy", "1")
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			if _, err := e.NATS.JS.PublishMsg(ctx, c, jetstream.WithMsgID(id)); err == nil {
 				copies.Add(1)
 			}
@@ -104,18 +104,18 @@ func TestDuplicatesInjected(t *testing.T) {
 	}
 	e.WaitTerminal(t, 60*time.Second)
 	// Publish every outbox row once more (a relay that lost its stamps).
-	if _, err := e.DB.Pool.Exec(context.Background(), `UPDATE outbox SET published_at = NULL`); err != nil {
+	if _, err := e.DB.Pool.Exec(t.Context(), `UPDATE outbox SET published_at = NULL`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...).P.Relay().PublishPending(context.Background(), 0); err != nil {
+	if _, err := pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...).P.Relay().PublishPending(t.Context(), 0); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 30*time.Second, "the copies to be consumed", func() bool {
-		info, err := e.NATS.JS.Consumer(context.Background(), e.App.Topology.Stream, "confirm")
+		info, err := e.NATS.JS.Consumer(t.Context(), e.App.Topology.Stream, "confirm")
 		if err != nil {
 			return false
 		}
-		ci, err := info.Info(context.Background())
+		ci, err := info.Info(t.Context())
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
 	})
 	if copies.Load() < 60 {
@@ -174,12 +174,12 @@ func TestCrashAfterCommitAndAfterCharge(t *testing.T) {
 	}
 	crash(consumers.FailAfterCommit + "=exit")
 	var committed int
-	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM processed_messages`).Scan(&committed); err != nil || committed < 1 {
+	if err := e.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM processed_messages`).Scan(&committed); err != nil || committed < 1 {
 		t.Fatalf("after the first crash: %d dedupe rows (%v), want the one that committed before the crash", committed, err)
 	}
 	crash(payment.FailAfterCharge + "=exit")
 	var charged int
-	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM psp_charges WHERE state = 'succeeded'`).Scan(&charged); err != nil || charged < 1 {
+	if err := e.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM psp_charges WHERE state = 'succeeded'`).Scan(&charged); err != nil || charged < 1 {
 		t.Fatalf("after the second crash: %d charges (%v), want at least 1", charged, err)
 	}
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
@@ -249,7 +249,7 @@ func TestPostgresRestartedMidStream(t *testing.T) {
 	for range 30 {
 		e.CreateOrder(t, "8.00", lines...)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatalf("restart PostgreSQL: %v", err)
@@ -277,8 +277,7 @@ func TestProviderDeclinesErrorsAndTimeouts(t *testing.T) {
 		t.Errorf("counts %v: want some cancelled (declined) and some confirmed", c)
 	}
 	var declinedReason int
-	if err := e.DB.Pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM orders WHERE status = 'cancelled' AND reason LIKE 'payment declined:%'`).Scan(&declinedReason); err != nil {
+	if err := e.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM orders WHERE status = 'cancelled' AND reason LIKE 'payment declined:%'`).Scan(&declinedReason); err != nil {
 		t.Fatal(err)
 	}
 	if declinedReason != c[order.StatusCancelled] {

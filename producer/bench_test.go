@@ -2,13 +2,11 @@ package producer_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
 	"orderpipe/producer"
 	"orderpipe/shared/app"
@@ -25,12 +23,11 @@ import (
 //	go test -run '^$' -bench CreateOrder -benchmem -count 6 ./producer/
 func BenchmarkCreateOrder(b *testing.B) {
 	db, n := testenv.DB(b), testenv.NATS(b)
-	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(b),
-		Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(b, db, n)
 	env.Logger = app.NewLogger(config.Config{LogFormat: "json", LogLevel: "error"}, io.Discard)
 	srv := httptest.NewServer(producer.Handler(env, producer.Options{RateLimit: 1e9, RateBurst: 1e9, MaxInFlight: 1024}))
 	b.Cleanup(srv.Close)
-	creds, err := tenant.Create(context.Background(), db.Pool, "bench")
+	creds, err := tenant.Create(b.Context(), db.Pool, "bench")
 	if err != nil {
 		b.Fatal(err)
 	}

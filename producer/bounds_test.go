@@ -14,8 +14,6 @@ import (
 
 	"orderpipe/producer"
 	"orderpipe/producer/mcp"
-	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -25,13 +23,12 @@ func runIntake(t *testing.T, opts producer.Options) *harness {
 	t.Helper()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
-	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t),
-		Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, db, n)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- producer.Run(ctx, env, l, opts) }()
 	t.Cleanup(func() {
@@ -199,13 +196,13 @@ func TestUnknownKeysAreLimitedBeforeTheDatabase(t *testing.T) {
 func TestReadyzShowsNoRawErrors(t *testing.T) {
 	t.Parallel()
 	n := testenv.NATS(t)
-	bad, err := pgxpool.New(context.Background(), "postgres://secretuser@127.0.0.1:1/secretdb?connect_timeout=1")
+	bad, err := pgxpool.New(t.Context(), "postgres://secretuser@127.0.0.1:1/secretdb?connect_timeout=1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(bad.Close)
-	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t),
-		Pool: bad, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, nil, n)
+	env.Pool = bad
 	srv := newServer(t, producer.Handler(env, producer.Options{}))
 	resp, err := http.Get(srv.URL + "/readyz")
 	if err != nil {

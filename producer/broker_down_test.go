@@ -29,7 +29,7 @@ func TestStartsAndAcceptsWhileNATSIsDown(t *testing.T) {
 	ns := testenv.OwnNATS(t)
 	ns.Stop()
 	cfg := config.Config{DatabaseURL: db.URL, NATSURL: ns.URL(), StreamReplicas: 1, ShutdownTimeout: 5 * time.Second, LogLevel: "warn"}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	env, err := app.Open(ctx, cfg, testenv.Logger(t), "producer")
 	if err != nil {

@@ -1,7 +1,6 @@
 package producer_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -218,7 +217,7 @@ func TestTimeoutThenRetry(t *testing.T) {
 	var retried []error
 	c.OnRetry = func(_ int, err error, _ time.Duration) { retried = append(retried, err) }
 
-	res, err := c.CreateOrder(context.Background(), client.OrderRequest{UserID: 9, Items: []client.Item{{SKU: "SKU-1", Quantity: 1}}, Amount: "10", Currency: "EUR"})
+	res, err := c.CreateOrder(t.Context(), client.OrderRequest{UserID: 9, Items: []client.Item{{SKU: "SKU-1", Quantity: 1}}, Amount: "10", Currency: "EUR"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +231,7 @@ func TestTimeoutThenRetry(t *testing.T) {
 		t.Fatalf("%d orders", rows)
 	}
 	var id string
-	if err := h.pool.QueryRow(context.Background(), `SELECT order_id::text FROM orders`).Scan(&id); err != nil || id != res.Order.OrderID {
+	if err := h.pool.QueryRow(t.Context(), `SELECT order_id::text FROM orders`).Scan(&id); err != nil || id != res.Order.OrderID {
 		t.Fatalf("client has %s, database has %s (%v)", res.Order.OrderID, id, err)
 	}
 }

@@ -13,7 +13,6 @@ import (
 
 	"orderpipe/producer"
 	"orderpipe/producer/client"
-	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/tooling/testenv"
@@ -30,7 +29,7 @@ func runProducer(t *testing.T, cfg config.Config, args ...string) error {
 	if err := fs.Parse(args); err != nil {
 		return cli.Usagef("%v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	return cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: io.Discard, Stderr: io.Discard, Config: cfg})
 }
@@ -76,9 +75,8 @@ func TestStart(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
-	env := &app.Env{Config: config.Config{HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t),
-		Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
-	ctx, cancel := context.WithCancel(context.Background())
+	env := testenv.Env(t, db, n)
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	// Reserve a port for the part to listen on.
 	probe := newServer(t, http.NotFoundHandler())

@@ -146,7 +146,7 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
 	ns := testenv.OwnNATS(t)
-	creds, err := tenant.Create(context.Background(), db.Pool, "shop")
+	creds, err := tenant.Create(t.Context(), db.Pool, "shop")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,10 +167,10 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 		t.Fatalf("exit code %d, want %d", code, failpoint.ExitCode)
 	}
 	var orderID string
-	if err := db.Pool.QueryRow(context.Background(), `SELECT order_id::text FROM orders WHERE request_id = 'crash-1'`).Scan(&orderID); err != nil {
+	if err := db.Pool.QueryRow(t.Context(), `SELECT order_id::text FROM orders WHERE request_id = 'crash-1'`).Scan(&orderID); err != nil {
 		t.Fatalf("the committed order is not there: %v", err)
 	}
-	pending, err := outbox.Pending(context.Background(), db.Pool)
+	pending, err := outbox.Pending(t.Context(), db.Pool)
 	if err != nil || pending != 1 {
 		t.Fatalf("pending outbox rows: %d %v", pending, err)
 	}
@@ -182,11 +182,11 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 
 	p = startProducer(t, bin, base...)
 	testenv.WaitFor(t, 30*time.Second, "the relay to publish the accepted event", func() bool {
-		n, err := outbox.Pending(context.Background(), db.Pool)
+		n, err := outbox.Pending(t.Context(), db.Pool)
 		return err == nil && n == 0
 	})
 	c := client.New("http://"+p.addr, creds.APIKey)
-	res, err := c.CreateOrder(context.Background(), client.OrderRequest{RequestID: "crash-1", UserID: 42,
+	res, err := c.CreateOrder(t.Context(), client.OrderRequest{RequestID: "crash-1", UserID: 42,
 		Items: []client.Item{{SKU: "SKU-1", Quantity: 2}}, Amount: "39.98", Currency: "CNY"})
 	if err != nil || !res.Replayed || res.Order.OrderID != orderID {
 		t.Fatalf("retry after the crash: %+v %v", res, err)
@@ -195,7 +195,7 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 		t.Fatalf("%d accepted events in the stream, want exactly 1", n)
 	}
 	var orders int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&orders); err != nil || orders != 1 {
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&orders); err != nil || orders != 1 {
 		t.Fatalf("%d orders", orders)
 	}
 
@@ -216,7 +216,7 @@ func TestNATSDownKeepsAccepting(t *testing.T) {
 	ns := testenv.OwnNATS(t)
 	nc, js := testenv.Connect(t, ns.URL())
 	topo := orderevent.Topology{Stream: "NATSDOWN", Prefix: "natsdown"}
-	if _, err := natsjs.EnsureStream(context.Background(), js, topo, 1); err != nil {
+	if _, err := natsjs.EnsureStream(t.Context(), js, topo, 1); err != nil {
 		t.Fatal(err)
 	}
 	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t), Pool: db.Pool,
@@ -236,7 +236,7 @@ func TestNATSDownKeepsAccepting(t *testing.T) {
 		t.Fatalf("accepting took %s with NATS down", el)
 	}
 	id := r.json(t)["order_id"].(string)
-	if n, _ := outbox.Pending(context.Background(), db.Pool); n != 1 {
+	if n, _ := outbox.Pending(t.Context(), db.Pool); n != 1 {
 		t.Fatalf("%d pending events", n)
 	}
 
@@ -244,15 +244,15 @@ func TestNATSDownKeepsAccepting(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "the reconnect", nc.IsConnected)
 	relay := &outbox.Relay{Pool: db.Pool, JS: js, Topology: topo, Logger: testenv.Logger(t)}
 	testenv.WaitFor(t, 30*time.Second, "the relay to publish", func() bool {
-		_, _ = relay.PublishPending(context.Background(), 0)
-		n, err := outbox.Pending(context.Background(), db.Pool)
+		_, _ = relay.PublishPending(t.Context(), 0)
+		n, err := outbox.Pending(t.Context(), db.Pool)
 		return err == nil && n == 0
 	})
 	// A republish (relay died before stamping) is dropped by the broker.
-	if _, err := db.Pool.Exec(context.Background(), `UPDATE outbox SET published_at = NULL`); err != nil {
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET published_at = NULL`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := relay.PublishPending(context.Background(), 0); err != nil {
+	if _, err := relay.PublishPending(t.Context(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if n := streamCount(t, js, topo.Stream, topo.Subject(orderevent.Accepted), id+":accepted"); n != 1 {
@@ -268,8 +268,8 @@ func TestPostgresDownThenBack(t *testing.T) {
 	pg := testenv.Postgres(t)
 	pool := testenv.Pool(t, pg.URL("postgres"))
 	n := testenv.NATS(t)
-	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t), Pool: pool,
-		NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, nil, n)
+	env.Pool = pool
 	h := &harness{t: t, env: env, pool: pool, js: n.JS, topo: n.Topology}
 	h.srv = newServer(t, producer.Handler(env, producer.Options{Timeout: 2 * time.Second}))
 	h.creds = h.newClient("shop")
@@ -281,7 +281,7 @@ func TestPostgresDownThenBack(t *testing.T) {
 	if r.status != http.StatusServiceUnavailable || r.code(t) != 101 || r.header.Get("Retry-After") == "" || r.json(t)["retryable"] != true {
 		t.Fatalf("%d %v %s", r.status, r.header, r.body)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package producer_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -130,7 +129,7 @@ func TestOpenAPIAgreesWithTheRouter(t *testing.T) {
 	limited.do("GET", "/v1/orders/"+id, "") // takes the only token
 	late := setup(t, producer.Options{Timeout: time.Nanosecond})
 	broken := setup(t, producer.Options{})
-	if _, err := broken.pool.Exec(context.Background(), `DROP TABLE order_events, orders, idempotency_tokens CASCADE`); err != nil {
+	if _, err := broken.pool.Exec(t.Context(), `DROP TABLE order_events, orders, idempotency_tokens CASCADE`); err != nil {
 		t.Fatal(err)
 	}
 	for k, send := range guarded {

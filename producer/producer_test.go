@@ -17,7 +17,6 @@ import (
 
 	"orderpipe/producer"
 	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/testenv"
@@ -42,10 +41,7 @@ func setup(t *testing.T, opts producer.Options) *harness {
 	t.Helper()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
-	env := &app.Env{
-		Config: config.Config{ShutdownTimeout: 5 * time.Second},
-		Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry(),
-	}
+	env := testenv.Env(t, db, n)
 	h := &harness{t: t, env: env, pool: db.Pool, js: n.JS, topo: n.Topology}
 	handler, api := producer.NewAPI(env, opts)
 	h.srv, h.api = newServer(t, handler), api
@@ -148,7 +144,7 @@ func (h *harness) count(sql string, args ...any) int {
 // streamCount returns how many messages of the stream carry msgID.
 func streamCount(t *testing.T, js jetstream.JetStream, stream, subject, msgID string) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {

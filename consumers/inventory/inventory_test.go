@@ -1,7 +1,6 @@
 package inventory_test
 
 import (
-	"context"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +20,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 func available(t *testing.T, e *pipetest.Env, sku string) int64 {
 	t.Helper()
 	var n int64
-	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT available FROM inventory WHERE sku = $1`, sku).Scan(&n); err != nil {
+	if err := e.DB.Pool.QueryRow(t.Context(), `SELECT available FROM inventory WHERE sku = $1`, sku).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -44,7 +43,7 @@ func TestReserveAllOrNoneAndReleaseOnce(t *testing.T) {
 		t.Fatalf("after reserving: A=%d B=%d, want 2 and 1 (the rejected order took nothing)", a, b)
 	}
 	var n int
-	_ = e.DB.Pool.QueryRow(context.Background(), `SELECT count(*) FROM reservations WHERE order_id = $1`, first).Scan(&n)
+	_ = e.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM reservations WHERE order_id = $1`, first).Scan(&n)
 	if n != 2 {
 		t.Fatalf("%d reservation lines, want one per SKU (2)", n)
 	}
@@ -55,9 +54,9 @@ func TestReserveAllOrNoneAndReleaseOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := pgx.BeginFunc(context.Background(), e.DB.Pool, func(tx pgx.Tx) error {
+			err := pgx.BeginFunc(t.Context(), e.DB.Pool, func(tx pgx.Tx) error {
 				var err error
-				released[i], err = stock.Release(context.Background(), tx, first)
+				released[i], err = stock.Release(t.Context(), tx, first)
 				return err
 			})
 			if err != nil {
@@ -81,7 +80,7 @@ func TestReserveAllOrNoneAndReleaseOnce(t *testing.T) {
 func TestSetListSeed(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	if err := stock.Seed(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func TestWebhooksEndToEnd(t *testing.T) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	secret := "whsec_" + base64.StdEncoding.EncodeToString(key)
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := e.DB.Pool.Exec(ctx, `UPDATE api_clients SET webhook_secret = $1 WHERE client_id = $2`, secret, e.ClientID); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestMalformedPayloadsAreDeadLettered(t *testing.T) {
 	t.Parallel()
 	e := pipetest.New(t, pspserver.Options{})
 	pipetest.Start(t, e.App, pipetest.Config(), notify.Step())
-	ctx := context.Background()
+	ctx := t.Context()
 	known, _ := e.InsertOrder(t, "1.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
 	if _, err := e.DB.Pool.Exec(ctx, `UPDATE orders SET callback_url = 'https://shop.example/h' WHERE order_id = $1`, known); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package notify_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -24,7 +23,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 func newOrder(t *testing.T, pool *pgxpool.Pool, callback string) order.Order {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	c, err := tenant.Create(ctx, pool, "notify-test")
 	if err != nil {
 		t.Fatal(err)
@@ -50,12 +49,12 @@ func event(o order.Order, s order.Status, redrive int) orderevent.Event {
 func handle(t *testing.T, pool *pgxpool.Pool, ev orderevent.Event) (bool, error) {
 	t.Helper()
 	var created bool
-	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(context.Background(), `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, notify.Name, ev.MsgID())
+	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(t.Context(), `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, notify.Name, ev.MsgID())
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
-		created, err = notify.Apply(context.Background(), tx, ev)
+		created, err = notify.Apply(t.Context(), tx, ev)
 		return err
 	})
 	return created, err
@@ -63,8 +62,8 @@ func handle(t *testing.T, pool *pgxpool.Pool, ev orderevent.Event) (bool, error)
 
 func move(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, from, to order.Status, reason string) {
 	t.Helper()
-	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		_, err := orderstore.Transition(context.Background(), tx, id, from, to, reason)
+	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		_, err := orderstore.Transition(t.Context(), tx, id, from, to, reason)
 		return err
 	})
 	if err != nil {
@@ -92,7 +91,7 @@ func TestApplyStoresOneDeliveryPerStatusChange(t *testing.T) {
 			t.Fatalf("%s re-driven: created=%v err=%v", s, created, err)
 		}
 	}
-	ds, err := webhook.List(context.Background(), db.Pool, o.ID)
+	ds, err := webhook.List(t.Context(), db.Pool, o.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +136,7 @@ func TestApplyWithoutCallbackStoresNothing(t *testing.T) {
 		t.Fatalf("created=%v err=%v", created, err)
 	}
 	var n int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d deliveries, %v", n, err)
 	}
 }
@@ -163,7 +162,7 @@ func TestApplyRefusesEventsWithoutAnOrderOrHistory(t *testing.T) {
 		t.Errorf("a status the order never had: %v", err)
 	}
 	var n int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d deliveries, %v", n, err)
 	}
 }

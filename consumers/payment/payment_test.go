@@ -1,7 +1,6 @@
 package payment_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -26,7 +25,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 func count(t *testing.T, e *pipetest.Env, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := e.DB.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+	if err := e.DB.Pool.QueryRow(t.Context(), q, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -36,7 +35,7 @@ func count(t *testing.T, e *pipetest.Env, q string, args ...any) int {
 // cancelled, stock released, in one transaction; then the refund.
 func unwind(t *testing.T, e *pipetest.Env, id uuid.UUID, from order.Status) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	err := pgx.BeginFunc(ctx, e.DB.Pool, func(tx pgx.Tx) error {
 		moved, err := orderstore.Transition(ctx, tx, id, from, order.StatusCancelled, "test: unwound")
 		if err != nil {
@@ -71,7 +70,7 @@ func TestRefundExactlyOnce(t *testing.T) {
 	unwind(t, e, id, order.StatusPaid)
 	var first payments.Settled
 	for i := range 3 {
-		r, err := payments.Settle(context.Background(), e.DB.Pool, client, id)
+		r, err := payments.Settle(t.Context(), e.DB.Pool, client, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +217,7 @@ func TestDeclineReleasesStock(t *testing.T) {
 	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 30})
 	e.WaitTerminal(t, 20*time.Second)
 	var status, reason string
-	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT status, reason FROM orders WHERE order_id = $1`, id).Scan(&status, &reason); err != nil {
+	if err := e.DB.Pool.QueryRow(t.Context(), `SELECT status, reason FROM orders WHERE order_id = $1`, id).Scan(&status, &reason); err != nil {
 		t.Fatal(err)
 	}
 	if status != "cancelled" || reason != "payment declined: card declined" {

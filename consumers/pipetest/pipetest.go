@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
@@ -88,14 +87,7 @@ func NewOn(t testing.TB, db *testenv.Database, n *testenv.NATSEnv, opts pspserve
 
 // Quiet makes e's logger log warnings and errors only (for load tests).
 func (e *Env) Quiet(t testing.TB) {
-	e.App.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
+	e.App.Logger = testenv.LoggerAt(t, slog.LevelWarn)
 }
 
 // ServePSP starts a payment stand-in with opts on e's database and returns

@@ -92,7 +92,7 @@ func argsFor(db *testenv.Database, n *testenv.NATSEnv, durable string, extra ...
 func startInProcess(t *testing.T, args ...string) *syncBuffer {
 	t.Helper()
 	logs := &syncBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, noEnv, logs) }()
 	t.Cleanup(func() {

@@ -88,7 +88,7 @@ func TestRetriesClassOneAndKeepsTheRequestID(t *testing.T) {
 		problemAnswer(503, 101, ""), problemAnswer(429, 102, ""), problemAnswer(502, 0, ""), orderAnswer(202),
 	}}
 	c := newClient(t, s)
-	res, err := c.CreateOrder(context.Background(), req)
+	res, err := c.CreateOrder(t.Context(), req)
 	if err != nil || res.Attempts != 4 || res.Replayed || res.Order.Amount != "39.98" {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -107,7 +107,7 @@ func TestNeverRetriesClassTwo(t *testing.T) {
 	for _, code := range []int{201, 202, 203, 205, 206, 207} {
 		s := &script{answers: []func(http.ResponseWriter){problemAnswer(400, code, "")}}
 		c := newClient(t, s)
-		_, err := c.CreateOrder(context.Background(), req)
+		_, err := c.CreateOrder(t.Context(), req)
 		var p *client.Problem
 		if !errors.As(err, &p) || p.Code != code || p.Class() != 2 || len(s.keys) != 1 {
 			t.Fatalf("code %d: %v after %d attempts", code, err, len(s.keys))
@@ -118,13 +118,13 @@ func TestNeverRetriesClassTwo(t *testing.T) {
 func TestReplayIsSuccess(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, &script{answers: []func(http.ResponseWriter){orderAnswer(200)}})
-	res, err := c.CreateOrder(context.Background(), client.OrderRequest{RequestID: "mine", Amount: "1"})
+	res, err := c.CreateOrder(t.Context(), client.OrderRequest{RequestID: "mine", Amount: "1"})
 	if err != nil || !res.Replayed || res.RequestID != "mine" {
 		t.Fatalf("%+v %v", res, err)
 	}
 	// A class 3 problem is success too: the client fetches the order.
 	c = newClient(t, &script{answers: []func(http.ResponseWriter){problemAnswer(200, 301, ""), orderAnswer(200)}})
-	if res, err = c.CreateOrder(context.Background(), req); err != nil || !res.Replayed || res.Order.OrderNo != "ORDX" {
+	if res, err = c.CreateOrder(t.Context(), req); err != nil || !res.Replayed || res.Order.OrderNo != "ORDX" {
 		t.Fatalf("class 3: %+v %v", res, err)
 	}
 }
@@ -133,7 +133,7 @@ func TestHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
 	s := &script{answers: []func(http.ResponseWriter){problemAnswer(429, 102, "1"), orderAnswer(202)}}
 	c := newClient(t, s)
-	if _, err := c.CreateOrder(context.Background(), req); err != nil {
+	if _, err := c.CreateOrder(t.Context(), req); err != nil {
 		t.Fatal(err)
 	}
 	if gap := s.times[1].Sub(s.times[0]); gap < 900*time.Millisecond {
@@ -146,7 +146,7 @@ func TestTimeoutsAreRetriedWithinTheBudget(t *testing.T) {
 	s := &script{answers: []func(http.ResponseWriter){hang(300 * time.Millisecond), orderAnswer(200)}}
 	c := newClient(t, s)
 	c.AttemptTimeout = 100 * time.Millisecond
-	res, err := c.CreateOrder(context.Background(), req)
+	res, err := c.CreateOrder(t.Context(), req)
 	if err != nil || res.Attempts != 2 || !res.Replayed {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -156,7 +156,7 @@ func TestTimeoutsAreRetriedWithinTheBudget(t *testing.T) {
 	c = newClient(t, s)
 	c.AttemptTimeout, c.Budget = 50*time.Millisecond, 400*time.Millisecond
 	t0 := time.Now()
-	_, err = c.CreateOrder(context.Background(), client.OrderRequest{RequestID: "keep-me"})
+	_, err = c.CreateOrder(t.Context(), client.OrderRequest{RequestID: "keep-me"})
 	var be *client.BudgetError
 	if !errors.Is(err, client.ErrBudgetExhausted) || !errors.As(err, &be) || be.RequestID != "keep-me" || be.Attempts < 2 {
 		t.Fatalf("%v", err)
@@ -175,7 +175,7 @@ func TestConnectionErrorsAreRetried(t *testing.T) {
 	c.BaseBackoff, c.Budget = 10*time.Millisecond, 300*time.Millisecond
 	var retries int
 	c.OnRetry = func(int, error, time.Duration) { retries++ }
-	_, err := c.CreateOrder(context.Background(), req)
+	_, err := c.CreateOrder(t.Context(), req)
 	if !errors.Is(err, client.ErrBudgetExhausted) || retries < 2 {
 		t.Fatalf("%v after %d retries", err, retries)
 	}
@@ -184,7 +184,7 @@ func TestConnectionErrorsAreRetried(t *testing.T) {
 func TestCancelStopsRetrying(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, &script{answers: []func(http.ResponseWriter){problemAnswer(503, 101, "5")}})
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
 	_, err := c.CreateOrder(ctx, req)
@@ -196,12 +196,12 @@ func TestCancelStopsRetrying(t *testing.T) {
 func TestGetOrder(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, &script{answers: []func(http.ResponseWriter){problemAnswer(503, 101, ""), orderAnswer(200)}})
-	o, err := c.GetOrder(context.Background(), "0190b0b0-0000-7000-8000-000000000001")
+	o, err := c.GetOrder(t.Context(), "0190b0b0-0000-7000-8000-000000000001")
 	if err != nil || o.Status != "processing" {
 		t.Fatalf("%+v %v", o, err)
 	}
 	c = newClient(t, &script{answers: []func(http.ResponseWriter){problemAnswer(404, 203, "")}})
-	_, err = c.GetOrderByRequestID(context.Background(), "x")
+	_, err = c.GetOrderByRequestID(t.Context(), "x")
 	var p *client.Problem
 	if !errors.As(err, &p) || p.Code != 203 {
 		t.Fatalf("%v", err)

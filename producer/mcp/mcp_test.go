@@ -43,11 +43,9 @@ func setup(t *testing.T) *harness {
 	t.Helper()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
-	env := &app.Env{
-		Config: config.Config{ShutdownTimeout: 5 * time.Second, AllowPrivateCallbacks: true},
-		Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry(),
-	}
-	creds, err := tenant.Create(context.Background(), db.Pool, "agent")
+	env := testenv.Env(t, db, n)
+	env.Config.AllowPrivateCallbacks = true
+	creds, err := tenant.Create(t.Context(), db.Pool, "agent")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +106,7 @@ func (h *harness) inMemory(p *progress) *sdk.ClientSession {
 }
 
 func runHub(t *testing.T, hub *orderstream.Hub) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = hub.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -179,7 +177,7 @@ func call(t *testing.T, cs *sdk.ClientSession, tool string, args any, progressTo
 	if progressToken != nil {
 		params.SetProgressToken(progressToken)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	res, err := cs.CallTool(ctx, params)
 	if err != nil {
@@ -300,13 +298,13 @@ func TestStdio(t *testing.T) {
 	newIntake := func(env *app.Env) (mcp.Intake, error) { return producer.NewService(env, producer.Options{}), nil }
 
 	// Refusals before serving.
-	if err := mcp.RunStdio(context.Background(), cfg, "", strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "ORDERPIPE_API_KEY") {
+	if err := mcp.RunStdio(t.Context(), cfg, "", strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "ORDERPIPE_API_KEY") {
 		t.Fatalf("without a key: %v", err)
 	}
-	if err := mcp.RunStdio(context.Background(), cfg, "opk_unknown", strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "ORDERPIPE_API_KEY") {
+	if err := mcp.RunStdio(t.Context(), cfg, "opk_unknown", strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "ORDERPIPE_API_KEY") {
 		t.Fatalf("with an unknown key: %v", err)
 	}
-	if err := mcp.RunStdio(context.Background(), config.Config{}, h.creds.APIKey, strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+	if err := mcp.RunStdio(t.Context(), config.Config{}, h.creds.APIKey, strings.NewReader(""), io.Discard, io.Discard, newIntake); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Fatalf("without DATABASE_URL: %v", err)
 	}
 
@@ -314,11 +312,11 @@ func TestStdio(t *testing.T) {
 	outR, outW := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- mcp.RunStdio(context.Background(), cfg, h.creds.APIKey, inR, outW, testWriter{t}, newIntake)
+		done <- mcp.RunStdio(t.Context(), cfg, h.creds.APIKey, inR, outW, testenv.Writer(t), newIntake)
 		_ = outW.Close()
 	}()
 	p := newProgress()
-	cs, err := newClient(p).Connect(context.Background(), &sdk.IOTransport{Reader: outR, Writer: inW}, nil)
+	cs, err := newClient(p).Connect(t.Context(), &sdk.IOTransport{Reader: outR, Writer: inW}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +325,7 @@ func TestStdio(t *testing.T) {
 	if res.isError || res.result.Order.RequestID != rid {
 		t.Fatalf("create_order over stdio: %s", res.raw)
 	}
-	o, err := orderstore.GetByRequestID(context.Background(), h.pool, h.creds.ClientID, rid)
+	o, err := orderstore.GetByRequestID(t.Context(), h.pool, h.creds.ClientID, rid)
 	if err != nil || o.ID != res.result.Order.ID {
 		t.Fatalf("the order is not the client's: %v", err)
 	}
@@ -347,18 +345,11 @@ func TestStdio(t *testing.T) {
 	}
 }
 
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
 func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	cs := h.inMemory(newProgress())
-	tools, err := cs.ListTools(context.Background(), nil)
+	tools, err := cs.ListTools(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +402,7 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 		}
 	}
 	var n int
-	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
+	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d orders after refused calls (%v)", n, err)
 	}
 }
@@ -515,7 +506,7 @@ func TestMalformedArguments(t *testing.T) {
 		}
 	}
 	var n int
-	if err := h.pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
+	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d orders after refused calls (%v)", n, err)
 	}
 }
@@ -581,7 +572,7 @@ func TestErrorsCarryTheHTTPCodes(t *testing.T) {
 		t.Fatalf("get by order_id: %s", r.raw)
 	}
 	// Another client cannot see it.
-	other, err := tenant.Create(context.Background(), h.pool, "other")
+	other, err := tenant.Create(t.Context(), h.pool, "other")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,6 @@ import (
 	"orderpipe/producer"
 	"orderpipe/producer/orderstream"
 	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/tenant"
@@ -53,7 +52,7 @@ func replica(t *testing.T, env *app.Env, h *orderstream.Handler) *httptest.Serve
 func runHub(t *testing.T, pool *pgxpool.Pool) *orderstream.Hub {
 	t.Helper()
 	hub := orderstream.NewHub(pool, testenv.Logger(t))
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- hub.Run(ctx) }()
 	t.Cleanup(func() {
@@ -69,16 +68,13 @@ func setup(t *testing.T, keepAlive, recheck time.Duration, listen bool) *harness
 	t.Helper()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
-	env := &app.Env{
-		Config: config.Config{ShutdownTimeout: 5 * time.Second},
-		Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry(),
-	}
+	env := testenv.Env(t, db, n)
 	hub := orderstream.NewHub(db.Pool, testenv.Logger(t))
 	if listen {
 		hub = runHub(t, db.Pool)
 	}
 	h := &orderstream.Handler{Pool: db.Pool, Hub: hub, ClientID: clientID, Logger: testenv.Logger(t), KeepAlive: keepAlive, Recheck: recheck}
-	creds, err := tenant.Create(context.Background(), db.Pool, "stream-test")
+	creds, err := tenant.Create(t.Context(), db.Pool, "stream-test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,8 +256,8 @@ func TestAcrossReplicas(t *testing.T) {
 	h := setup(t, time.Minute, time.Minute, true)
 	db2 := testenv.Pool(t, h.pool.Config().ConnString())
 	n := testenv.NATS(t)
-	env2 := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t), Pool: db2,
-		NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	env2 := testenv.Env(t, nil, n)
+	env2.Pool = db2
 	hub2 := runHub(t, db2)
 	other := replica(t, env2, &orderstream.Handler{Pool: db2, Hub: hub2, ClientID: clientID, KeepAlive: time.Minute, Recheck: time.Minute})
 	o := h.newOrder()
@@ -326,7 +322,7 @@ func TestRefusals(t *testing.T) {
 	t.Parallel()
 	h := setup(t, time.Minute, time.Minute, true)
 	o := h.newOrder()
-	other, err := tenant.Create(context.Background(), h.pool, "other")
+	other, err := tenant.Create(t.Context(), h.pool, "other")
 	if err != nil {
 		t.Fatal(err)
 	}

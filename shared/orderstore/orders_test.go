@@ -1,7 +1,6 @@
 package orderstore_test
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -18,7 +17,7 @@ import (
 
 func newClient(t *testing.T, pool *pgxpool.Pool) uuid.UUID {
 	t.Helper()
-	c, err := tenant.Create(context.Background(), pool, "shop")
+	c, err := tenant.Create(t.Context(), pool, "shop")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +36,7 @@ func request(t *testing.T, rid, amount string) order.CreateRequest {
 func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+	if err := pool.QueryRow(t.Context(), sql, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -46,7 +45,7 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 func TestInsertReplayMismatch(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	client := newClient(t, db.Pool)
 
 	first, err := orderstore.Insert(ctx, db.Pool, client, request(t, "r-1", `"39.98"`), orderstore.InsertOptions{})
@@ -102,7 +101,7 @@ func TestInsertReplayMismatch(t *testing.T) {
 func TestOrderNoCollisionIsRetried(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	client := newClient(t, db.Pool)
 	taken, err := orderstore.Insert(ctx, db.Pool, client, request(t, "a", `1`), orderstore.InsertOptions{})
 	if err != nil {
@@ -134,7 +133,7 @@ func TestOrderNoCollisionIsRetried(t *testing.T) {
 func TestConcurrentInsertsOfOneKey(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	client := newClient(t, db.Pool)
 	const n = 30
 	var wg sync.WaitGroup

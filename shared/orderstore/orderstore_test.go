@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 func newOrder(t *testing.T, pool *pgxpool.Pool) (uuid.UUID, int64) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	client, id := uuid.New(), uuid.Must(uuid.NewV7())
 	var oid int64
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -46,7 +46,7 @@ func newOrder(t *testing.T, pool *pgxpool.Pool) (uuid.UUID, int64) {
 func TestTransitionIsConditionalAndRecorded(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	id, _ := newOrder(t, db.Pool)
 	move := func(from, to order.Status) orderstore.Moved {
 		var m orderstore.Moved
@@ -85,7 +85,7 @@ func TestTransitionIsConditionalAndRecorded(t *testing.T) {
 func TestRelayPublishesOnceEvenWhenItDiesBeforeStamping(t *testing.T) {
 	t.Parallel()
 	db, nt := testenv.DB(t), testenv.NATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	_, oid := newOrder(t, db.Pool)
 	// A dead relay's claims expire after the lease; a short one lets the

@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 func ctxT(t *testing.T) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -326,7 +326,7 @@ func TestIsTransientServerErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer victim.Close(context.Background())
+	defer victim.Close(t.Context())
 	var pid uint32
 	if err := victim.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)

@@ -46,7 +46,7 @@ func (s *setup) serve(t *testing.T, opts pspserver.Options) string {
 func (s *setup) count(t *testing.T, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := s.db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+	if err := s.db.Pool.QueryRow(t.Context(), q, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -56,7 +56,7 @@ func TestChargeRepeatReturnsFirstAnswer(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	c := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
-	ctx := context.Background()
+	ctx := t.Context()
 	a, err := c.Charge(ctx, "charge:o1", "39.98", "CNY", "o1")
 	if err != nil || a.Status != psp.StatusSucceeded || a.ID == "" {
 		t.Fatalf("charge = %+v, %v", a, err)
@@ -80,13 +80,13 @@ func TestDeclineIsAnAnswer(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	c := psp.NewClient(s.serve(t, pspserver.Options{DeclineRate: 1}), time.Second)
-	a, err := c.Charge(context.Background(), "k-decline", "1.00", "EUR", "o2")
+	a, err := c.Charge(t.Context(), "k-decline", "1.00", "EUR", "o2")
 	if err != nil || a.Status != psp.StatusDeclined || a.Reason == "" {
 		t.Fatalf("charge = %+v, %v; want declined with a reason", a, err)
 	}
 	// A declined charge stays declined for its key, even on a healthy provider.
 	c2 := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
-	b, err := c2.Charge(context.Background(), "k-decline", "1.00", "EUR", "o2")
+	b, err := c2.Charge(t.Context(), "k-decline", "1.00", "EUR", "o2")
 	if err != nil || b != a {
 		t.Fatalf("repeat = %+v, %v; want %+v", b, err, a)
 	}
@@ -96,7 +96,7 @@ func TestErrorIsTransientAndChargesNothing(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	bad := psp.NewClient(s.serve(t, pspserver.Options{ErrorRate: 1}), time.Second)
-	_, err := bad.Charge(context.Background(), "k-err", "5.00", "USD", "o3")
+	_, err := bad.Charge(t.Context(), "k-err", "5.00", "USD", "o3")
 	if !psp.IsTransient(err) {
 		t.Fatalf("err = %v, want transient", err)
 	}
@@ -104,10 +104,10 @@ func TestErrorIsTransientAndChargesNothing(t *testing.T) {
 		t.Fatalf("%d charges after an error, want 0", n)
 	}
 	good := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
-	if a, err := good.Charge(context.Background(), "k-err", "5.00", "USD", "o3"); err != nil || a.Status != psp.StatusSucceeded {
+	if a, err := good.Charge(t.Context(), "k-err", "5.00", "USD", "o3"); err != nil || a.Status != psp.StatusSucceeded {
 		t.Fatalf("retry = %+v, %v", a, err)
 	}
-	if _, err := bad.Refund(context.Background(), "r-err", "ch_x"); !psp.IsTransient(err) && !isStatus(err, http.StatusNotFound) {
+	if _, err := bad.Refund(t.Context(), "r-err", "ch_x"); !psp.IsTransient(err) && !isStatus(err, http.StatusNotFound) {
 		t.Fatalf("refund on a failing provider: %v", err)
 	}
 }
@@ -122,7 +122,7 @@ func TestChargeThenTimeout(t *testing.T) {
 	s := newSetup(t)
 	c := psp.NewClient(s.serve(t, pspserver.Options{TimeoutRate: 1, Hang: 10 * time.Second}), 200*time.Millisecond)
 	t0 := time.Now()
-	_, err := c.Charge(context.Background(), "k-timeout", "7.50", "GBP", "o4")
+	_, err := c.Charge(t.Context(), "k-timeout", "7.50", "GBP", "o4")
 	if !psp.IsTransient(err) {
 		t.Fatalf("err = %v, want transient (timeout)", err)
 	}
@@ -130,7 +130,7 @@ func TestChargeThenTimeout(t *testing.T) {
 		t.Fatalf("the client waited %s, want about its timeout", d)
 	}
 	// The provider charged: a retry with the same key learns it.
-	a, err := c.Charge(context.Background(), "k-timeout", "7.50", "GBP", "o4")
+	a, err := c.Charge(t.Context(), "k-timeout", "7.50", "GBP", "o4")
 	if err != nil || a.Status != psp.StatusSucceeded {
 		t.Fatalf("retry = %+v, %v; want the first answer (succeeded)", a, err)
 	}
@@ -151,13 +151,13 @@ func TestInFlightKeyGets409(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		close(started)
-		answers[0], errs[0] = c.Charge(context.Background(), "k-flight", "2.00", "CNY", "o5")
+		answers[0], errs[0] = c.Charge(t.Context(), "k-flight", "2.00", "CNY", "o5")
 	}()
 	<-started
 	testenv.WaitFor(t, 5*time.Second, "the first charge to be in flight", func() bool {
 		return s.count(t, `SELECT count(*) FROM psp_charges WHERE idempotency_key = 'k-flight'`) == 1
 	})
-	answers[1], errs[1] = c.Charge(context.Background(), "k-flight", "2.00", "CNY", "o5")
+	answers[1], errs[1] = c.Charge(t.Context(), "k-flight", "2.00", "CNY", "o5")
 	wg.Wait()
 	if errs[0] != nil || answers[0].Status != psp.StatusSucceeded {
 		t.Fatalf("first = %+v, %v", answers[0], errs[0])
@@ -240,7 +240,7 @@ func TestRefund(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
 	c := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
-	ctx := context.Background()
+	ctx := t.Context()
 	ch, err := c.Charge(ctx, "charge:o6", "9.99", "CNY", "o6")
 	if err != nil {
 		t.Fatal(err)
@@ -360,7 +360,7 @@ func TestCommandRefusesBadFlags(t *testing.T) {
 		if err := fs.Parse(args); err != nil {
 			continue // the flag package refused it: also a usage error
 		}
-		err := cmd.Run(context.Background(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: io.Discard, Stderr: io.Discard, Config: config.Config{}})
+		err := cmd.Run(t.Context(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: io.Discard, Stderr: io.Discard, Config: config.Config{}})
 		var ue cli.UsageError
 		if !errors.As(err, &ue) {
 			t.Errorf("psp %v: err = %v, want a usage error", args, err)
@@ -385,14 +385,14 @@ func TestClientWithoutProvider(t *testing.T) {
 	}))
 	defer hs.Close()
 	c := psp.NewClient(hs.URL, time.Second)
-	if _, err := c.Charge(context.Background(), "k", "1.00", "CNY", "r"); !psp.IsTransient(err) {
+	if _, err := c.Charge(t.Context(), "k", "1.00", "CNY", "r"); !psp.IsTransient(err) {
 		t.Fatalf("inconsistent answer: %v, want transient", err)
 	}
 	hs.Close()
-	if _, err := c.Charge(context.Background(), "k", "1.00", "CNY", "r"); !psp.IsTransient(err) {
+	if _, err := c.Charge(t.Context(), "k", "1.00", "CNY", "r"); !psp.IsTransient(err) {
 		t.Fatalf("no server: %v, want transient", err)
 	}
-	if _, err := c.Charge(context.Background(), "bad key", "1.00", "CNY", "r"); err == nil || psp.IsTransient(err) {
+	if _, err := c.Charge(t.Context(), "bad key", "1.00", "CNY", "r"); err == nil || psp.IsTransient(err) {
 		t.Fatalf("bad key: %v, want permanent", err)
 	}
 }

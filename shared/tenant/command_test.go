@@ -2,7 +2,6 @@ package tenant_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -27,7 +26,7 @@ func runClients(t *testing.T, dbURL string, args ...string) (string, error) {
 		return "", cli.Usagef("%v", err)
 	}
 	var out bytes.Buffer
-	err := cmd.Run(context.Background(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: &out, Stderr: io.Discard,
+	err := cmd.Run(t.Context(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: &out, Stderr: io.Discard,
 		Config: config.Config{DatabaseURL: dbURL}})
 	return out.String(), err
 }
@@ -49,7 +48,7 @@ func TestClientsCreate(t *testing.T) {
 		if err := dec.Decode(&c); err != nil || len(c) != 3 || c["client_id"] == "" || c["webhook_secret"] == "" {
 			t.Fatalf("output %q: %v", out, err)
 		}
-		got, err := tenant.Authenticate(context.Background(), db.Pool, c["api_key"])
+		got, err := tenant.Authenticate(t.Context(), db.Pool, c["api_key"])
 		if err != nil || got.ID.String() != c["client_id"] {
 			t.Fatalf("printed key does not authenticate: %v", err)
 		}

@@ -1,7 +1,6 @@
 package tenant_test
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -16,7 +15,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 func TestCreateAndAuthenticate(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	c, err := tenant.Create(ctx, db.Pool, "shop")
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package tracing
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
 	"strings"
 	"testing"
@@ -14,16 +13,16 @@ import (
 func TestContextSurvivesTheCarrier(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	defer func() { _ = tp.Shutdown(context.Background()) }()
+	defer func() { _ = tp.Shutdown(t.Context()) }()
 	Install(tp)
-	ctx, span := Tracer().Start(context.Background(), "intake")
+	ctx, span := Tracer().Start(t.Context(), "intake")
 	md := map[string]string{}
 	Inject(ctx, md)
 	span.End()
 	if md[Header] == "" {
 		t.Fatalf("no %s in %v", Header, md)
 	}
-	rctx := Extract(context.Background(), md)
+	rctx := Extract(t.Context(), md)
 	_, child := Tracer().Start(rctx, "handler")
 	child.End()
 	spans := exp.GetSpans()
@@ -42,7 +41,7 @@ func TestContextSurvivesTheCarrier(t *testing.T) {
 
 func TestExtractMalformed(t *testing.T) {
 	for _, v := range []string{"", "garbage", "00-zz-yy-01", "00-00000000000000000000000000000000-0000000000000000-01"} {
-		ctx := Extract(context.Background(), map[string]string{Header: v})
+		ctx := Extract(t.Context(), map[string]string{Header: v})
 		if TraceID(ctx) != "" {
 			t.Errorf("traceparent %q gave a trace id", v)
 		}
@@ -52,14 +51,14 @@ func TestExtractMalformed(t *testing.T) {
 // TestTraceIDsSurviveShutdown: a process that set tracing up and shut it
 // down (one part of `dev`, a test's env) still gets trace ids afterwards.
 func TestTraceIDsSurviveShutdown(t *testing.T) {
-	shutdown, err := Setup(context.Background(), "test")
+	shutdown, err := Setup(t.Context(), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := shutdown(context.Background()); err != nil {
+	if err := shutdown(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	ctx, span := Tracer().Start(context.Background(), "after")
+	ctx, span := Tracer().Start(t.Context(), "after")
 	defer span.End()
 	if TraceID(ctx) == "" {
 		t.Fatal("no trace id after the exporter's shutdown")

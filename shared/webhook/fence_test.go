@@ -40,7 +40,7 @@ func (h *holdFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // to be recorded (Run returns only then). It also stops at the test's end.
 func startWorker(t *testing.T, w *webhook.Worker) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	var stopped atomic.Bool
@@ -68,7 +68,7 @@ func TestStaleOutcomeIsNotRecorded(t *testing.T) {
 	rc := newHoldFirst()
 	srv, _ := tlsServer(t, rc)
 	_, ids := f.enqueue(t, f.client, srv.URL+"/hooks", 1)
-	ctx := context.Background()
+	ctx := t.Context()
 
 	a := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv), Timeout: time.Minute}))
 	a.Lease, a.PerClient = 100*time.Millisecond, 1 // saturated while it holds the send: it does not claim again
@@ -108,7 +108,7 @@ func TestResendFencesTheSendInFlight(t *testing.T) {
 	rc := newHoldFirst()
 	srv, _ := tlsServer(t, rc)
 	_, ids := f.enqueue(t, f.client, srv.URL+"/hooks", 1)
-	ctx := context.Background()
+	ctx := t.Context()
 
 	a := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv), Timeout: time.Minute}))
 	a.Lease, a.PerClient = time.Hour, 1
@@ -141,7 +141,7 @@ func TestResendFencesTheSendInFlight(t *testing.T) {
 func countAttempts(t *testing.T, f fixture, id string) int {
 	t.Helper()
 	var n int
-	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_attempts WHERE webhook_id = $1`, id).Scan(&n); err != nil {
+	if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_attempts WHERE webhook_id = $1`, id).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -2,7 +2,6 @@ package webhook_test
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -52,7 +51,7 @@ func TestFailedDeliveryKeepsTheQueryOutOfLogsAndAttempts(t *testing.T) {
 	w.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	w.Schedule = []time.Duration{10 * time.Millisecond}
 	run(t, w)
-	ctx := context.Background()
+	ctx := t.Context()
 	testenv.WaitFor(t, 20*time.Second, "the delivery failed", func() bool {
 		d, err := webhook.Get(ctx, f.pool, ids[0])
 		return err == nil && d.Status == webhook.StatusFailed

@@ -152,7 +152,7 @@ func TestDialRefusesNonPublicAddresses(t *testing.T) {
 		"https://224.0.0.1/h",
 	}
 	for _, u := range urls {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader("{}"))
 		if err != nil {
 			cancel()
@@ -192,7 +192,7 @@ func TestSendRefusesWithoutAllowFlag(t *testing.T) {
 		"https://[fe80::1%25eth0]/h", "https://0x7f000001/h", "https://2130706433/h", "https://017700000001/h",
 		strings.Replace(srv.URL, "127.0.0.1", "127.1", 1) + "/h",
 	} {
-		r := webhook.Send(context.Background(), client, false, delivery(u), secret(t))
+		r := webhook.Send(t.Context(), client, false, delivery(u), secret(t))
 		if r.Err == nil || !r.Permanent {
 			t.Errorf("Send(%s) = %+v, want a permanent refusal", u, r)
 		}
@@ -214,7 +214,7 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 	}))
 	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(redirector)})
 	t.Cleanup(client.CloseIdleConnections)
-	r := webhook.Send(context.Background(), client, true, delivery(redirector.URL+"/hook"), secret(t))
+	r := webhook.Send(t.Context(), client, true, delivery(redirector.URL+"/hook"), secret(t))
 	if r.StatusCode != http.StatusTemporaryRedirect || r.Err == nil || r.Permanent {
 		t.Fatalf("Send = %+v, want a 307 counted as a failed attempt", r)
 	}
@@ -249,13 +249,13 @@ func TestResponsesAreTimeAndSizeBounded(t *testing.T) {
 	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(slow), Timeout: 300 * time.Millisecond})
 	t.Cleanup(client.CloseIdleConnections)
 	start := time.Now()
-	r := webhook.Send(context.Background(), client, true, delivery(slow.URL), secret(t))
+	r := webhook.Send(t.Context(), client, true, delivery(slow.URL), secret(t))
 	if r.Err == nil || time.Since(start) > 3*time.Second {
 		t.Fatalf("slow receiver: %+v after %s", r, time.Since(start))
 	}
 	client2 := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(big), Timeout: 10 * time.Second})
 	t.Cleanup(client2.CloseIdleConnections)
-	r = webhook.Send(context.Background(), client2, true, delivery(big.URL), secret(t))
+	r = webhook.Send(t.Context(), client2, true, delivery(big.URL), secret(t))
 	if r.StatusCode != 200 || r.Err != nil {
 		t.Fatalf("big answer: %+v (the body is read up to the bound and dropped)", r)
 	}

@@ -105,7 +105,7 @@ type fixture struct {
 func setup(t *testing.T) fixture {
 	t.Helper()
 	db := testenv.DB(t)
-	c, err := tenant.Create(context.Background(), db.Pool, "webhook-test")
+	c, err := tenant.Create(t.Context(), db.Pool, "webhook-test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func setup(t *testing.T) fixture {
 
 func (f fixture) newClient(t *testing.T) tenant.Credentials {
 	t.Helper()
-	c, err := tenant.Create(context.Background(), f.pool, "webhook-test-2")
+	c, err := tenant.Create(t.Context(), f.pool, "webhook-test-2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func (f fixture) newClient(t *testing.T) tenant.Credentials {
 // enqueue inserts an order of client c and n deliveries of it to url.
 func (f fixture) enqueue(t *testing.T, c tenant.Credentials, url string, n int) (uuid.UUID, []string) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	id := uuid.Must(uuid.NewV7())
 	var ids []string
 	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
@@ -153,7 +153,7 @@ func (f fixture) enqueue(t *testing.T, c tenant.Credentials, url string, n int) 
 // run starts w until the test ends.
 func run(t *testing.T, w *webhook.Worker) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() {
@@ -184,7 +184,7 @@ func TestDeliveriesAreSignedRetriedAndRecorded(t *testing.T) {
 	run(t, fastWorker(t, f.pool, client))
 
 	testenv.WaitFor(t, 20*time.Second, "every delivery acknowledged", func() bool { return rc.deliveredCount() == len(ids) })
-	ctx := context.Background()
+	ctx := t.Context()
 	testenv.WaitFor(t, 10*time.Second, "every delivery recorded delivered", func() bool {
 		ds, err := webhook.List(ctx, f.pool, orderID)
 		if err != nil {
@@ -234,7 +234,7 @@ func TestDeliveryFailsAfterScheduleAndResendKeepsID(t *testing.T) {
 	w := fastWorker(t, f.pool, client)
 	w.Schedule = []time.Duration{10 * time.Millisecond, 10 * time.Millisecond}
 	run(t, w)
-	ctx := context.Background()
+	ctx := t.Context()
 	testenv.WaitFor(t, 20*time.Second, "delivery failed", func() bool {
 		d, err := webhook.Get(ctx, f.pool, ids[0])
 		return err == nil && d.Status == webhook.StatusFailed
@@ -291,7 +291,7 @@ func cliRun(t *testing.T, f fixture, out *bytes.Buffer, args ...string) error {
 	if f.pool != nil {
 		cfg.DatabaseURL = f.pool.Config().ConnString()
 	}
-	return cmd.Run(context.Background(), cli.Invocation{Args: args, Stdout: out, Stderr: io.Discard, Config: cfg})
+	return cmd.Run(t.Context(), cli.Invocation{Args: args, Stdout: out, Stderr: io.Discard, Config: cfg})
 }
 
 func TestCommand(t *testing.T) {

@@ -40,7 +40,7 @@ func devConfig(t *testing.T, dir string) config.Config {
 
 func startStack(t *testing.T, cfg config.Config, seeders ...Seeder) (*Stack, time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	t0 := time.Now()
 	s, err := Start(ctx, cfg, testenv.Logger(t), seeders...)
@@ -118,7 +118,7 @@ func TestStartStopStartKeepsData(t *testing.T) {
 		t.Fatalf("seeder ran %d times on a new data dir, want 1", seeded.Load())
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	pool, err := postgres.Open(ctx, env["DATABASE_URL"])
 	if err != nil {
@@ -196,7 +196,7 @@ func (s *syncBuffer) String() string {
 func TestRunWithoutPartsStopsOnCancel(t *testing.T) {
 	dir := testenv.PostgresDataDir(t)
 	cfg := devConfig(t, dir)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var out syncBuffer
 	done := make(chan error, 1)
@@ -243,7 +243,7 @@ func TestRunWithoutPartsStopsOnCancel(t *testing.T) {
 func TestRunWithCancelledContextLeavesNothing(t *testing.T) {
 	dir := testenv.PostgresDataDir(t)
 	cfg := devConfig(t, dir)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg, testenv.Logger(t), []Part{}, &bytes.Buffer{}) }()

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 func start(t *testing.T, opts localpg.Options) *localpg.Server {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	s, err := localpg.Start(ctx, opts)
 	if err != nil {
@@ -41,7 +41,7 @@ func groupGone(pgid int) bool {
 
 func query(t *testing.T, url, sql string, args ...any) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -55,7 +55,7 @@ func query(t *testing.T, url, sql string, args ...any) {
 
 func TestStartFailureShowsServerLog(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	s, err := localpg.Start(ctx, localpg.Options{DataDir: testenv.PostgresDataDir(t), ExtraArgs: []string{"-c", "shared_buffers=bogus"}})
 	if err == nil {
@@ -99,7 +99,7 @@ func TestStalePidFileOfKilledServerDoesNotBlockStart(t *testing.T) {
 	if second.Pid() == pid {
 		t.Fatalf("second server reports the killed server's pid %d", pid)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, second.URL("postgres"))
 	if err != nil {
@@ -136,7 +136,7 @@ func TestRestartKeepsPortAndData(t *testing.T) {
 	s := start(t, localpg.Options{DataDir: testenv.PostgresDataDir(t)})
 	port := s.Port()
 	query(t, s.URL("postgres"), "CREATE TABLE kept (v int); INSERT INTO kept VALUES (1)")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	if err := s.Restart(ctx); err != nil {
 		t.Fatalf("restart: %v", err)

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
@@ -17,8 +15,8 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 func TestStart(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	env := &app.Env{Config: config.Config{ShutdownTimeout: time.Second}, Logger: testenv.Logger(t), Pool: db.Pool}
-	ctx, cancel := context.WithCancel(context.Background())
+	env := testenv.Env(t, db, nil)
+	ctx, cancel := context.WithCancel(t.Context())
 	url, wait, err := pspserver.Start(ctx, env)
 	if err != nil {
 		t.Fatal(err)
@@ -26,7 +24,7 @@ func TestStart(t *testing.T) {
 	if url == "" || env.Config.PSPURL != "" {
 		t.Fatalf("Start returned %q and set PSP_URL to %q; want a URL, and the config left alone", url, env.Config.PSPURL)
 	}
-	a, err := psp.NewClient(url, time.Second).Charge(context.Background(), "k-dev", "1.00", "CNY", "dev")
+	a, err := psp.NewClient(url, time.Second).Charge(t.Context(), "k-dev", "1.00", "CNY", "dev")
 	if err != nil || a.Status != psp.StatusSucceeded {
 		t.Fatalf("charge on the dev stand-in: %+v, %v", a, err)
 	}
@@ -37,7 +35,7 @@ func TestStart(t *testing.T) {
 
 	// PSP_URL set: the part leaves it alone and starts nothing.
 	env.Config.PSPURL = "http://provider.invalid"
-	ctx, cancel = context.WithCancel(context.Background())
+	ctx, cancel = context.WithCancel(t.Context())
 	url, wait, err = pspserver.Start(ctx, env)
 	if err != nil || url != "http://provider.invalid" {
 		t.Fatalf("with PSP_URL set: %v, url %q", err, url)

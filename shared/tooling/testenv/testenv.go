@@ -14,6 +14,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -32,6 +33,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"orderpipe/shared/app"
+	"orderpipe/shared/config"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/postgres"
@@ -106,9 +109,16 @@ func teardown() {
 }
 
 // Logger returns a logger that writes to the test's log.
-func Logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+func Logger(t testing.TB) *slog.Logger { return LoggerAt(t, slog.LevelDebug) }
+
+// LoggerAt returns a logger of level and above that writes to the test's
+// log (slog.LevelWarn for load tests).
+func LoggerAt(t testing.TB, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(Writer(t), &slog.HandlerOptions{Level: level}))
 }
+
+// Writer returns an io.Writer that logs each write to the test's log.
+func Writer(t testing.TB) io.Writer { return testWriter{t} }
 
 type testWriter struct{ t testing.TB }
 
@@ -116,6 +126,23 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// Env returns the app.Env that a part runs on in a test: db's pool, n's
+// connection and topology (n may be nil: no broker), the test's logger, a
+// registry of its own and a 5 s shutdown timeout. Set more of Config on
+// the result.
+func Env(t testing.TB, db *Database, n *NATSEnv) *app.Env {
+	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: Logger(t), Metrics: app.NewRegistry()}
+	if db != nil {
+		env.Pool = db.Pool
+		env.Config.DatabaseURL = db.URL
+	}
+	if n != nil {
+		env.NC, env.JS, env.Topology = n.Conn, n.JS, n.Topology
+		env.Config.NATSURL = n.URL
+	}
+	return env
 }
 
 // Database is one test's own database, cloned from the migrated template.

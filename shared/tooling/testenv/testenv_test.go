@@ -13,7 +13,7 @@ func TestMain(m *testing.M) { Main(m) }
 func TestDatabasesAreSeparateAndMigrated(t *testing.T) {
 	t.Parallel()
 	a, b := DB(t), DB(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := a.Pool.Exec(ctx, `INSERT INTO api_clients (client_id, name, api_key_hash, webhook_secret) VALUES (gen_random_uuid(), 'a', '\x01', 's')`); err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestNATSTopologiesAreSeparate(t *testing.T) {
 	if a.Topology == b.Topology {
 		t.Fatal("two tests share a topology")
 	}
-	ctx := context.Background()
+	ctx := t.Context()
 	if _, err := a.JS.Publish(ctx, a.Topology.Prefix+".accepted", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestNATSTopologiesAreSeparate(t *testing.T) {
 func TestOwnNATSRestartKeepsStream(t *testing.T) {
 	t.Parallel()
 	s := OwnNATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	js := connect(t, s.URL())
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Storage: jetstream.FileStorage}); err != nil {
@@ -95,7 +95,7 @@ func connect(t *testing.T, url string) jetstream.JetStream {
 func TestOwnPostgresRestart(t *testing.T) {
 	t.Parallel()
 	s := Postgres(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	if err := s.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
