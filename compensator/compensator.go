@@ -57,6 +57,7 @@ import (
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
+	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
 	"orderpipe/shared/tracing"
@@ -294,12 +295,6 @@ func (c *Compensator) brokerReachable(ctx context.Context) error {
 	return err
 }
 
-// querier is a pool or a transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // stuckExpr is true for an open order past its deadline; $1, $2, $3 are the
 // deadlines of processing, reserved and paid in seconds.
 const stuckExpr = `greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)) <= now() - make_interval(secs => CASE o.status WHEN 'processing' THEN $1::float8 WHEN 'reserved' THEN $2::float8 ELSE $3::float8 END)`
@@ -310,7 +305,7 @@ func (c *Compensator) deadlineArgs() []any {
 
 // measure counts stuck orders per state and the age of the oldest open one,
 // and sets the gauges.
-func (c *Compensator) measure(ctx context.Context, q querier, res *Result) error {
+func (c *Compensator) measure(ctx context.Context, q postgres.DB, res *Result) error {
 	res.Stuck = map[order.Status]int{}
 	rows, err := q.Query(ctx, `
 		SELECT o.status, count(*) FILTER (WHERE `+stuckExpr+`),
@@ -370,7 +365,7 @@ func (o stuckOrder) attempt() int {
 
 // selectStuck reads up to limit stuck orders after cursor; lock adds FOR
 // UPDATE SKIP LOCKED.
-func (c *Compensator) selectStuck(ctx context.Context, q querier, cursor uuid.UUID, limit int, lock bool) ([]stuckOrder, error) {
+func (c *Compensator) selectStuck(ctx context.Context, q postgres.DB, cursor uuid.UUID, limit int, lock bool) ([]stuckOrder, error) {
 	sql := `
 		SELECT o.order_id, o.status, o.client_id, o.request_id, o.redrive_attempts, o.redrive_status,
 		       greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)), o.updated_at,
@@ -711,7 +706,7 @@ func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder, a Act
 // outbox: the broker has not acknowledged it (it is down, or the process
 // that wrote it died). The relay publishes it; until then the order is not
 // unwound (its last re-drive may not have reached anyone).
-func eventPending(ctx context.Context, q querier, orderID uuid.UUID) (bool, error) {
+func eventPending(ctx context.Context, q postgres.DB, orderID uuid.UUID) (bool, error) {
 	var pending bool
 	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox WHERE order_id = $1 AND published_at IS NULL)`, orderID).Scan(&pending); err != nil {
 		return false, fmt.Errorf("read pending events of order %s: %w", orderID, err)

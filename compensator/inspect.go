@@ -74,7 +74,7 @@ func OrdersCommand() cli.Command {
 
 // tableExists reports whether a table is in the schema (the parts' own
 // tables may be missing on a database migrated by an older build).
-func tableExists(ctx context.Context, q querier, name string) (bool, error) {
+func tableExists(ctx context.Context, q postgres.DB, name string) (bool, error) {
 	var ok bool
 	err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&ok)
 	return ok, err
@@ -82,7 +82,7 @@ func tableExists(ctx context.Context, q querier, name string) (bool, error) {
 
 // section prints a titled table of a query's rows; every column is read as
 // text. Optional tables that do not exist are skipped.
-func section(ctx context.Context, q querier, w io.Writer, title, table, sql string, args ...any) error {
+func section(ctx context.Context, q postgres.DB, w io.Writer, title, table, sql string, args ...any) error {
 	if table != "" {
 		ok, err := tableExists(ctx, q, table)
 		if err != nil {

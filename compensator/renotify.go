@@ -12,6 +12,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
+	"orderpipe/shared/postgres"
 )
 
 // KindRenotify re-publishes the final event of an order whose webhook was
@@ -47,7 +48,7 @@ func (c *Compensator) renotifyAfter() time.Duration {
 // renotifyAfter and younger than the dedupe retention, whose last change
 // has no webhook delivery, and that were re-notified fewer than
 // MaxAttempts times. With lock, the order rows are claimed (SKIP LOCKED).
-func (c *Compensator) selectLostNotices(ctx context.Context, q querier, limit int, lock bool) ([]lostNotice, error) {
+func (c *Compensator) selectLostNotices(ctx context.Context, q postgres.DB, limit int, lock bool) ([]lostNotice, error) {
 	forUpdate := ""
 	if lock {
 		forUpdate = "FOR UPDATE OF o SKIP LOCKED"

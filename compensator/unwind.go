@@ -13,6 +13,7 @@ import (
 
 	"orderpipe/shared/order"
 	"orderpipe/shared/payments"
+	"orderpipe/shared/postgres"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tracing"
 )
@@ -47,7 +48,7 @@ type refundDue struct {
 // payments and succeeded ones with a refund due (payments_unsettled_idx),
 // and orders cancelled within the last `recent` (orders_cancelled_idx: a
 // charge recorded on an order after it was cancelled).
-func selectRefundsDue(ctx context.Context, q querier, cursor uuid.UUID, limit int, recent time.Duration, lock bool) ([]refundDue, error) {
+func selectRefundsDue(ctx context.Context, q postgres.DB, cursor uuid.UUID, limit int, recent time.Duration, lock bool) ([]refundDue, error) {
 	sql := `
 		SELECT p.order_id, o.client_id, o.request_id, p.status, p.idempotency_key, p.amount::text, p.currency, p.charge_id, coalesce(p.refund_key, '')
 		FROM payments p JOIN orders o ON o.order_id = p.order_id

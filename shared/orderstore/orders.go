@@ -22,11 +22,6 @@ const (
 	ConstraintOrderNo      = "uk_order_no"
 )
 
-// Querier is a pool or a transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // InsertOptions tune Insert; the zero value is the production setting.
 type InsertOptions struct {
 	// NewOrderNo generates order numbers; default order.NewOrderNo. Tests
@@ -137,7 +132,7 @@ func replay(existing order.Order, fp []byte) (Inserted, error) {
 
 // Get returns a client's order by id; ErrNotFound when it does not exist
 // or belongs to another client.
-func Get(ctx context.Context, q Querier, clientID, orderID uuid.UUID) (order.Order, error) {
+func Get(ctx context.Context, q postgres.DB, clientID, orderID uuid.UUID) (order.Order, error) {
 	o, err := scanOrder(q.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE client_id = $1 AND order_id = $2`, clientID, orderID))
 	if err != nil {
 		return order.Order{}, fmt.Errorf("get order %s: %w", orderID, err)
@@ -147,7 +142,7 @@ func Get(ctx context.Context, q Querier, clientID, orderID uuid.UUID) (order.Ord
 
 // GetByRequestID returns a client's order by request_id; ErrNotFound when
 // the client has none with it.
-func GetByRequestID(ctx context.Context, q Querier, clientID uuid.UUID, requestID string) (order.Order, error) {
+func GetByRequestID(ctx context.Context, q postgres.DB, clientID uuid.UUID, requestID string) (order.Order, error) {
 	o, err := scanOrder(q.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE client_id = $1 AND request_id = $2`, clientID, requestID))
 	if err != nil {
 		return order.Order{}, fmt.Errorf("get order of request %s: %w", requestID, err)

@@ -102,7 +102,7 @@ func runCommand(ctx context.Context, inv cli.Invocation) error {
 		if err != nil {
 			return cli.Usagef("webhooks list: --order %q is not a UUID", *order)
 		}
-		return withPool(ctx, inv, func(q Querier) error {
+		return withPool(ctx, inv, func(q postgres.DB) error {
 			ds, err := List(ctx, q, id)
 			if err != nil {
 				return err
@@ -125,7 +125,7 @@ func runCommand(ctx context.Context, inv cli.Invocation) error {
 		if _, _, err := ParseID(args[0]); err != nil {
 			return cli.Usagef("webhooks resend: %v", err)
 		}
-		return withPool(ctx, inv, func(q Querier) error {
+		return withPool(ctx, inv, func(q postgres.DB) error {
 			d, err := Resend(ctx, q, args[0])
 			if err != nil {
 				return err
@@ -138,7 +138,7 @@ func runCommand(ctx context.Context, inv cli.Invocation) error {
 	}
 }
 
-func withPool(ctx context.Context, inv cli.Invocation, f func(Querier) error) error {
+func withPool(ctx context.Context, inv cli.Invocation, f func(postgres.DB) error) error {
 	pool, err := postgres.OpenConfig(ctx, inv.Config)
 	if err != nil {
 		return err

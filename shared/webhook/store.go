@@ -7,21 +7,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"orderpipe/shared/postgres"
 	"orderpipe/shared/tracing"
 )
-
-// Execer is what Enqueue needs: the caller's pgx.Tx.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// Querier is what the read functions need: a pool, a connection or a tx.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // NewDelivery is what the notifier stores for one status change.
 type NewDelivery struct {
@@ -41,7 +30,7 @@ var ErrNotFound = errors.New("webhook delivery not found")
 // Enqueue stores a delivery, due now, in the caller's transaction. A
 // delivery of the same (order, seq) that already exists is left as it is;
 // the result says whether a row was inserted.
-func Enqueue(ctx context.Context, tx Execer, d NewDelivery) (bool, error) {
+func Enqueue(ctx context.Context, tx postgres.DB, d NewDelivery) (bool, error) {
 	id := ID(d.OrderID, d.Seq)
 	trace := map[string]string{}
 	tracing.Inject(ctx, trace) // the delivery continues the change's trace
@@ -71,7 +60,7 @@ func scanDelivery(row pgx.Row) (Delivery, error) {
 }
 
 // Get returns one delivery (without its attempt history).
-func Get(ctx context.Context, q Querier, webhookID string) (Delivery, error) {
+func Get(ctx context.Context, q postgres.DB, webhookID string) (Delivery, error) {
 	d, err := scanDelivery(q.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries WHERE webhook_id = $1`, webhookID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Delivery{}, fmt.Errorf("get webhook %s: %w", webhookID, ErrNotFound)
@@ -83,7 +72,7 @@ func Get(ctx context.Context, q Querier, webhookID string) (Delivery, error) {
 }
 
 // List returns an order's deliveries in seq order, each with its attempts.
-func List(ctx context.Context, q Querier, orderID uuid.UUID) ([]Delivery, error) {
+func List(ctx context.Context, q postgres.DB, orderID uuid.UUID) ([]Delivery, error) {
 	rows, err := q.Query(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries WHERE order_id = $1 ORDER BY seq`, orderID)
 	if err != nil {
 		return nil, fmt.Errorf("list webhooks of order %s: %w", orderID, err)
@@ -101,7 +90,7 @@ func List(ctx context.Context, q Querier, orderID uuid.UUID) ([]Delivery, error)
 	return out, nil
 }
 
-func attempts(ctx context.Context, q Querier, webhookID string) ([]Attempt, error) {
+func attempts(ctx context.Context, q postgres.DB, webhookID string) ([]Attempt, error) {
 	rows, err := q.Query(ctx, `
 		SELECT attempt, attempted_at, status_code, latency_ms, error
 		FROM webhook_attempts WHERE webhook_id = $1 ORDER BY id`, webhookID)
@@ -123,7 +112,7 @@ func attempts(ctx context.Context, q Querier, webhookID string) ([]Attempt, erro
 // due now, with its attempt count reset and the same webhook id and body.
 // Its attempt history is kept. A send of it still in flight records
 // nothing when it ends (its lease token is cleared).
-func Resend(ctx context.Context, q Querier, webhookID string) (Delivery, error) {
+func Resend(ctx context.Context, q postgres.DB, webhookID string) (Delivery, error) {
 	d, err := scanDelivery(q.QueryRow(ctx, `
 		UPDATE webhook_deliveries
 		SET status = 'pending', attempts = 0, next_attempt_at = now(), delivered_at = NULL,
