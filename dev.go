@@ -5,12 +5,12 @@ import (
 
 	"orderpipe/compensator"
 	"orderpipe/consumers"
+	"orderpipe/consumers/webhook"
 	"orderpipe/producer"
 	"orderpipe/shared/app"
 	"orderpipe/shared/stock"
 	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/tooling/pspserver"
-	"orderpipe/shared/webhook"
 )
 
 // devParts are the long-running parts that `orderpipe dev` runs in one

@@ -17,6 +17,7 @@ import (
 
 	"orderpipe/compensator"
 	"orderpipe/consumers"
+	"orderpipe/consumers/webhook"
 	"orderpipe/producer"
 	"orderpipe/producer/mcp"
 	"orderpipe/shared/app"
@@ -28,7 +29,6 @@ import (
 	"orderpipe/shared/tooling/bench"
 	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/tooling/pspserver"
-	"orderpipe/shared/webhook"
 )
 
 // commands lists every subcommand, in the order `help` shows them.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"orderpipe/consumers/webhook"
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
@@ -19,7 +20,6 @@ import (
 	"orderpipe/shared/psp"
 	"orderpipe/shared/redelivery"
 	"orderpipe/shared/stock"
-	"orderpipe/shared/webhook"
 )
 
 // Command is `orderpipe consumers`: the router with every step, the outbox

@@ -13,10 +13,10 @@ import (
 	"github.com/google/uuid"
 
 	"orderpipe/consumers/notify"
+	"orderpipe/consumers/webhook"
 	"orderpipe/producer"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent/contract"
-	"orderpipe/shared/webhook"
 )
 
 func webhooks(t *testing.T) *contract.Webhooks {

@@ -21,6 +21,7 @@ import (
 
 	"orderpipe/consumers/notify"
 	"orderpipe/consumers/pipetest"
+	"orderpipe/consumers/webhook"
 	"orderpipe/producer"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
@@ -28,7 +29,6 @@ import (
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
-	"orderpipe/shared/webhook"
 )
 
 // hook is one verified webhook as the receiver saw it.

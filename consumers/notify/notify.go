@@ -1,7 +1,7 @@
 // Package notify is the notifier step: for every status event of an order
 // (accepted … cancelled) it stores a webhook delivery to the order's
 // callback_url, in the same transaction as the step's processed_messages
-// dedupe row. The shared/webhook worker sends it.
+// dedupe row. The consumers/webhook worker sends it.
 //
 // A status event is published from the outbox only after the change it
 // announces committed, so a delivery row, and therefore a webhook, never
@@ -20,10 +20,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"orderpipe/consumers/webhook"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
-	"orderpipe/shared/webhook"
 )
 
 // Name is the step's name: its durable consumer and its processed_messages

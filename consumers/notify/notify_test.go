@@ -11,12 +11,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/consumers/notify"
+	"orderpipe/consumers/webhook"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/testenv"
-	"orderpipe/shared/webhook"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

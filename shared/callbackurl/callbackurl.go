@@ -2,7 +2,7 @@
 // intake refuses what this package refuses, and the webhook sender checks
 // the same rule again before every send (plus, on its own, the resolved
 // address at dial time). It imports nothing of the project so that the
-// domain package (shared/order) and the sender (shared/webhook) can both
+// domain package (shared/order) and the sender (consumers/webhook) can both
 // use it.
 package callbackurl
 

@@ -20,12 +20,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
+	"orderpipe/consumers/webhook"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/testenv"
-	"orderpipe/shared/webhook"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

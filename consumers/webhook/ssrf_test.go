@@ -16,7 +16,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"orderpipe/shared/webhook"
+	"orderpipe/consumers/webhook"
 )
 
 func TestPublicAddr(t *testing.T) {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"orderpipe/consumers/webhook"
 	"orderpipe/shared/tooling/testenv"
-	"orderpipe/shared/webhook"
 )
 
 // lockedBuffer is a log sink the worker's goroutines may write at once.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"orderpipe/consumers/webhook"
 	"orderpipe/shared/tooling/testenv"
-	"orderpipe/shared/webhook"
 )
 
 // holdFirst is a receiver that holds its first request until release is
