@@ -32,6 +32,7 @@ import (
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/orderevent"
+	"orderpipe/shared/postgres"
 	"orderpipe/shared/tracing"
 )
 
@@ -42,15 +43,10 @@ const (
 	FailAfterPublish = "outbox.after-publish"
 )
 
-// Execer is what Enqueue needs: a pgx.Tx (or a pool, outside a
-// transaction, which defeats the point; use a transaction).
-type Execer interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Enqueue writes e to the outbox in the caller's transaction and returns
-// its row id.
-func Enqueue(ctx context.Context, tx Execer, e orderevent.Event) (int64, error) {
+// Enqueue writes e to the outbox in the caller's transaction (tx is a
+// pgx.Tx; a pool would commit the event apart from the change it
+// announces, which defeats the point) and returns its row id.
+func Enqueue(ctx context.Context, tx postgres.DB, e orderevent.Event) (int64, error) {
 	payload, err := orderevent.Encode(e)
 	if err != nil {
 		return 0, fmt.Errorf("encode %s event of order %s: %w", e.Name, e.OrderID, err)

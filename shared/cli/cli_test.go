@@ -1,0 +1,142 @@
+package cli_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"orderpipe/shared/cli"
+	"orderpipe/shared/config"
+	"orderpipe/shared/tooling/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestPrintEnvDocumentsEachVariable(t *testing.T) {
+	var none bytes.Buffer
+	cli.PrintEnv(&none, nil)
+	if none.Len() != 0 {
+		t.Fatalf("PrintEnv of no names wrote %q", none.String())
+	}
+
+	vars := config.Vars()
+	if len(vars) == 0 {
+		t.Fatal("config.Vars is empty")
+	}
+	names := []string{"ORDERPIPE_NOT_A_VARIABLE"}
+	for _, v := range slices.Backward(vars) { // not in Vars' order: PrintEnv keeps the caller's
+		names = append(names, v.Name)
+	}
+	var out bytes.Buffer
+	cli.PrintEnv(&out, names)
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != len(names)+2 || lines[0] != "" || lines[1] != "Environment:" {
+		t.Fatalf("PrintEnv output:\n%s\nwant a blank line, \"Environment:\" and one line per name (%d)", out.String(), len(names))
+	}
+	byName := map[string]config.Var{}
+	for _, v := range vars {
+		byName[v.Name] = v
+	}
+	for i, n := range names {
+		line := lines[i+2]
+		f := strings.Fields(line)
+		if !strings.HasPrefix(line, "  ") || len(f) == 0 || f[0] != n {
+			t.Errorf("line %d = %q, want variable %s", i, line, n)
+			continue
+		}
+		v, ok := byName[n]
+		if !ok {
+			if strings.TrimSpace(line) != n {
+				t.Errorf("undocumented %s: line %q, want the name alone", n, line)
+			}
+			continue
+		}
+		if v.Meaning == "" || !strings.Contains(line, v.Meaning) {
+			t.Errorf("%s: line %q lacks its meaning %q", n, line, v.Meaning)
+		}
+		if def := "(default: " + v.Default + ")"; v.Default != "" && !strings.HasSuffix(line, def) {
+			t.Errorf("%s: line %q does not end with %q", n, line, def)
+		}
+		if v.Default == "" && strings.Contains(line, "(default:") {
+			t.Errorf("%s has no default, line %q shows one", n, line)
+		}
+	}
+}
+
+func TestPrintEnvCommon(t *testing.T) {
+	var out bytes.Buffer
+	cli.PrintEnv(&out, cli.Common)
+	for _, n := range []string{config.EnvDatabaseURL, config.EnvNATSURL, config.EnvLogFormat, config.EnvLogLevel} {
+		if !strings.Contains(out.String(), "  "+n+" ") {
+			t.Errorf("PrintEnv(Common) lacks %s:\n%s", n, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "PostgreSQL connection string (default: dev: the managed local server)") {
+		t.Errorf("DATABASE_URL's meaning and default missing:\n%s", out.String())
+	}
+}
+
+func TestUsagefReturnsAUsageError(t *testing.T) {
+	err := cli.Usagef("unknown flag %q (%d)", "--x", 2)
+	var ue cli.UsageError
+	if !errors.As(err, &ue) {
+		t.Fatalf("Usagef returned %T, want a cli.UsageError", err)
+	}
+	if want := `unknown flag "--x" (2)`; ue.Msg != want || err.Error() != want {
+		t.Fatalf("message %q / %q, want %q", ue.Msg, err.Error(), want)
+	}
+	wrapped := fmt.Errorf("seed: %w", err)
+	if !errors.As(wrapped, &ue) {
+		t.Fatal("a wrapped UsageError is not found by errors.As")
+	}
+	if errors.As(errors.New("plain"), &ue) {
+		t.Fatal("a plain error matched UsageError")
+	}
+}
+
+func TestJoin(t *testing.T) {
+	for _, tc := range []struct {
+		names, more, want []string
+	}{
+		{nil, nil, nil},
+		{[]string{"A"}, nil, []string{"A"}},
+		{[]string{"A", "B", "A"}, []string{"B", "C", "A", "C"}, []string{"A", "B", "C"}},
+		{nil, []string{"C", "B", "C"}, []string{"C", "B"}},
+		{[]string{"B", "A"}, []string{"A", "B"}, []string{"B", "A"}},
+	} {
+		if got := cli.Join(tc.names, tc.more...); !slices.Equal(got, tc.want) {
+			t.Errorf("Join(%v, %v) = %v, want %v", tc.names, tc.more, got, tc.want)
+		}
+	}
+	// Join never writes into the caller's slice (cli.Common is shared by
+	// every command).
+	names := make([]string, 1, 4)
+	names[0] = "A"
+	_ = cli.Join(names, "B", "C")
+	if spare := names[:3]; spare[1] != "" || spare[2] != "" {
+		t.Fatalf("Join wrote into its argument's spare capacity: %q", spare)
+	}
+	common := slices.Clone(cli.Common)
+	_ = cli.Join(cli.Common, "X")
+	if !slices.Equal(common, cli.Common) {
+		t.Fatalf("Join changed cli.Common: %v, was %v", cli.Common, common)
+	}
+}
+
+func TestIndent(t *testing.T) {
+	for in, want := range map[string]string{
+		"":           "  ",
+		"a":          "  a",
+		"a\nb":       "  a\n  b",
+		"a\nb\n\n":   "  a\n  b",
+		"a\n\nb":     "  a\n  \n  b",
+		"  x\n  y\n": "    x\n    y",
+	} {
+		if got := cli.Indent(in); got != want {
+			t.Errorf("Indent(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

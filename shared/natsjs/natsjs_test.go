@@ -1,0 +1,282 @@
+package natsjs_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"orderpipe/shared/natsjs"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/tooling/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestStreamConfig(t *testing.T) {
+	top := orderevent.Topology{Stream: "S", Prefix: "p"}
+	for _, tc := range []struct{ in, want int }{{1, 1}, {3, 3}, {5, 5}, {0, 1}, {-2, 1}} {
+		c := natsjs.StreamConfig(top, tc.in)
+		if c.Replicas != tc.want {
+			t.Errorf("StreamConfig(replicas %d).Replicas = %d, want %d", tc.in, c.Replicas, tc.want)
+		}
+	}
+	c := natsjs.StreamConfig(top, 1)
+	if c.Name != "S" || !slices.Equal(c.Subjects, []string{"p.>"}) {
+		t.Errorf("name %q, subjects %v; want S, [p.>]", c.Name, c.Subjects)
+	}
+	if c.Duplicates != natsjs.DuplicateWindow || natsjs.DuplicateWindow != 2*time.Hour {
+		t.Errorf("duplicate window %s (DuplicateWindow %s), want 2h", c.Duplicates, natsjs.DuplicateWindow)
+	}
+	if c.Storage != jetstream.FileStorage || c.Retention != jetstream.LimitsPolicy || c.Discard != jetstream.DiscardOld || c.MaxAge != 7*24*time.Hour {
+		t.Errorf("storage %v, retention %v, discard %v, max age %s; want file, limits, old, 168h", c.Storage, c.Retention, c.Discard, c.MaxAge)
+	}
+}
+
+func streamConfig(t *testing.T, js jetstream.JetStream, name string) jetstream.StreamConfig {
+	t.Helper()
+	s, err := js.Stream(t.Context(), name)
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	return info.Config
+}
+
+func TestEnsureStreamIsIdempotentAndUndoesDrift(t *testing.T) {
+	env := testenv.NATS(t) // the stream is provisioned already
+	s, err := env.JS.Stream(t.Context(), env.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.JS.Publish(t.Context(), env.Topology.Subject(orderevent.Accepted), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := natsjs.EnsureStream(t.Context(), env.JS, env.Topology, 1); err != nil {
+			t.Fatalf("ensure an existing stream: %v", err)
+		}
+	}
+	c := streamConfig(t, env.JS, env.Topology.Stream)
+	if c.Duplicates != natsjs.DuplicateWindow || !slices.Equal(c.Subjects, []string{env.Topology.AllSubjects()}) {
+		t.Fatalf("config after ensure: duplicates %s, subjects %v", c.Duplicates, c.Subjects)
+	}
+
+	// Someone edits the stream by hand.
+	drift := c
+	drift.Duplicates = time.Minute
+	drift.MaxAge = time.Hour
+	drift.Subjects = append(drift.Subjects, "drift.>")
+	if _, err := env.JS.UpdateStream(t.Context(), drift); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsjs.EnsureStream(t.Context(), env.JS, env.Topology, 1); err != nil {
+		t.Fatalf("ensure a drifted stream: %v", err)
+	}
+	c = streamConfig(t, env.JS, env.Topology.Stream)
+	if c.Duplicates != natsjs.DuplicateWindow || c.MaxAge != 7*24*time.Hour || !slices.Equal(c.Subjects, []string{env.Topology.AllSubjects()}) {
+		t.Fatalf("config after ensuring a drifted stream: duplicates %s, max age %s, subjects %v", c.Duplicates, c.MaxAge, c.Subjects)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs == 0 {
+		t.Fatal("ensuring the stream lost its messages")
+	}
+}
+
+func TestEnsureStreamRefusesReplicasOnOneServer(t *testing.T) {
+	env := testenv.NATS(t)
+	top := orderevent.Topology{Stream: env.Topology.Stream + "_R3", Prefix: env.Topology.Prefix + "_r3"}
+	_, err := natsjs.EnsureStream(t.Context(), env.JS, top, 3)
+	t.Cleanup(func() { _ = env.JS.DeleteStream(context.WithoutCancel(t.Context()), top.Stream) })
+	if err == nil {
+		t.Fatalf("3 replicas on a single server: no error; config %+v", streamConfig(t, env.JS, top.Stream))
+	}
+	t.Logf("3 replicas on one server: %v", err)
+}
+
+func TestKeepStreamRecreatesADeletedStream(t *testing.T) {
+	env := testenv.NATS(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { natsjs.KeepStream(ctx, env.JS, env.Topology, 1, 50*time.Millisecond, testenv.Logger(t)) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	for i := range 2 {
+		if err := env.JS.DeleteStream(t.Context(), env.Topology.Stream); err != nil {
+			t.Fatalf("delete %d: %v", i, err)
+		}
+		testenv.WaitFor(t, 5*time.Second, "KeepStream to provision the stream again", func() bool {
+			_, err := env.JS.Stream(t.Context(), env.Topology.Stream)
+			return err == nil
+		})
+	}
+	if c := streamConfig(t, env.JS, env.Topology.Stream); c.Duplicates != natsjs.DuplicateWindow {
+		t.Fatalf("re-created stream has duplicate window %s", c.Duplicates)
+	}
+	cancel()
+	wg.Wait() // KeepStream returns when its context ends
+}
+
+func TestKeepStreamProvisionsOnceTheBrokerIsUp(t *testing.T) {
+	srv := testenv.OwnNATS(t)
+	srv.Stop()
+	nc, js, err := natsjs.Connect(srv.URL(), t.Name(), testenv.Logger(t))
+	if err != nil {
+		t.Fatalf("connect while the broker is down: %v (want a connection that keeps trying)", err)
+	}
+	t.Cleanup(nc.Close)
+	top := orderevent.Topology{Stream: "KEEP", Prefix: "keep"}
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { natsjs.KeepStream(ctx, js, top, 1, 50*time.Millisecond, testenv.Logger(t)) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	srv.Start()
+	testenv.WaitFor(t, 20*time.Second, "the stream once the broker is up", func() bool {
+		sctx, scancel := context.WithTimeout(t.Context(), time.Second)
+		defer scancel()
+		_, err := js.Stream(sctx, top.Stream)
+		return err == nil
+	})
+}
+
+func TestConnectReconnectsAndPingTellsTheBrokerIsDown(t *testing.T) {
+	srv := testenv.OwnNATS(t)
+	nc, js, err := natsjs.Connect(srv.URL(), t.Name(), testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if err := natsjs.Ping(t.Context(), nc, js); err != nil {
+		t.Fatalf("ping a live broker: %v", err)
+	}
+
+	srv.Stop()
+	testenv.WaitFor(t, 10*time.Second, "the client to notice the outage", func() bool { return !nc.IsConnected() })
+	if err := natsjs.Ping(t.Context(), nc, js); err == nil {
+		t.Fatal("ping of a stopped broker: no error")
+	}
+
+	srv.Start()
+	testenv.WaitFor(t, 15*time.Second, "ping to succeed after the broker came back", func() bool {
+		pctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		return natsjs.Ping(pctx, nc, js) == nil
+	})
+	if nc.Reconnects == 0 {
+		t.Error("the connection is up again but counts no reconnect")
+	}
+}
+
+func TestConnectRefusesAMalformedURL(t *testing.T) {
+	for _, u := range []string{"nats://127.0.0.1:notaport", "://nohost"} {
+		nc, _, err := natsjs.Connect(u, t.Name(), testenv.Logger(t))
+		if err == nil {
+			nc.Close()
+			t.Errorf("Connect(%q): no error", u)
+		}
+	}
+}
+
+func TestStartEmbedded(t *testing.T) {
+	ns, err := natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: t.TempDir(), Name: "solo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.JetStreamEnabled() || ns.Name() != "solo" {
+		t.Fatalf("JetStream enabled %v, name %q; want true, solo", ns.JetStreamEnabled(), ns.Name())
+	}
+	nc, js := testenv.Connect(t, ns.ClientURL())
+	if err := natsjs.Ping(t.Context(), nc, js); err != nil {
+		t.Fatal(err)
+	}
+	top := orderevent.Topology{Stream: "EMB", Prefix: "emb"}
+	if _, err := natsjs.EnsureStream(t.Context(), js, top, 1); err != nil {
+		t.Fatal(err)
+	}
+	ack, err := js.Publish(t.Context(), top.Subject(orderevent.Accepted), []byte("{}"))
+	if err != nil || ack.Stream != "EMB" {
+		t.Fatalf("publish: %+v, %v", ack, err)
+	}
+}
+
+func TestStartEmbeddedRefusesAMalformedRoute(t *testing.T) {
+	_, err := natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: t.TempDir(), Name: "bad",
+		Cluster: natsjs.ClusterOptions{Name: "c", Port: freePort(t), Routes: []string{"://127.0.0.1:1"}}})
+	if err == nil {
+		t.Fatal("a malformed cluster route: no error")
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func TestStartEmbeddedCluster(t *testing.T) {
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	routes := make([]string, len(ports))
+	for i, p := range ports {
+		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", p)
+	}
+	var nodes []*server.Server
+	t.Cleanup(func() {
+		for _, ns := range nodes {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}
+	})
+	start := time.Now()
+	for i, p := range ports {
+		var peers []string
+		for j, r := range routes {
+			if j != i {
+				peers = append(peers, r)
+			}
+		}
+		ns, err := natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: t.TempDir(), Name: fmt.Sprintf("n%d", i),
+			Cluster: natsjs.ClusterOptions{Name: "orderpipe-test", Port: p, Routes: peers}})
+		if err != nil {
+			t.Fatalf("node %d: %v", i, err)
+		}
+		nodes = append(nodes, ns)
+	}
+	_, js := testenv.Connect(t, nodes[0].ClientURL())
+	top := orderevent.Topology{Stream: "CLU", Prefix: "clu"}
+	var info *jetstream.StreamInfo
+	testenv.WaitFor(t, 30*time.Second, "a replicated stream on the cluster", func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		s, err := natsjs.EnsureStream(ctx, js, top, 3)
+		if err != nil {
+			return false
+		}
+		info, err = s.Info(ctx)
+		return err == nil && info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == 2
+	})
+	if info.Config.Replicas != 3 {
+		t.Fatalf("replicas = %d, want 3", info.Config.Replicas)
+	}
+	if _, err := js.Publish(t.Context(), top.Subject(orderevent.Accepted), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("3-node cluster with an R3 stream in %s", time.Since(start).Round(time.Millisecond))
+}

@@ -1,0 +1,452 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"orderpipe/shared/natsjs"
+	"orderpipe/shared/order"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/outbox"
+	"orderpipe/shared/tooling/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func event() orderevent.Event {
+	return orderevent.Event{
+		Version:    orderevent.Version,
+		Name:       orderevent.Accepted,
+		OrderID:    uuid.New(),
+		ClientID:   uuid.New(),
+		RequestID:  order.NewRequestID(time.Now()),
+		Status:     order.StatusProcessing,
+		OccurredAt: time.Now().UTC().Truncate(time.Microsecond),
+	}
+}
+
+// enqueue writes e in a committed transaction of its own.
+func enqueue(t *testing.T, pool *pgxpool.Pool, e orderevent.Event) int64 {
+	t.Helper()
+	var id int64
+	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		var err error
+		id, err = outbox.Enqueue(t.Context(), tx, e)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return id
+}
+
+type outboxRow struct {
+	published bool
+	streamSeq *int64
+	claimed   bool
+}
+
+func rowOf(t *testing.T, pool *pgxpool.Pool, id int64) outboxRow {
+	t.Helper()
+	var r outboxRow
+	err := pool.QueryRow(t.Context(),
+		`SELECT published_at IS NOT NULL, stream_seq, claimed_until IS NOT NULL FROM outbox WHERE id = $1`, id).
+		Scan(&r.published, &r.streamSeq, &r.claimed)
+	if err != nil {
+		t.Fatalf("read outbox row %d: %v", id, err)
+	}
+	return r
+}
+
+func pending(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	n, err := outbox.Pending(t.Context(), pool)
+	if err != nil {
+		t.Fatalf("pending: %v", err)
+	}
+	return n
+}
+
+// msgIDs counts the stream's messages per Nats-Msg-Id.
+func msgIDs(t *testing.T, js jetstream.JetStream, stream string) map[string]int {
+	t.Helper()
+	s, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	ids := map[string]int{}
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(t.Context(), seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("get message %d: %v", seq, err)
+		}
+		ids[m.Header.Get(orderevent.HeaderMsgID)]++
+	}
+	return ids
+}
+
+func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	s, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatalf("stream info: %v", err)
+	}
+	return info.State.Msgs
+}
+
+func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
+	db := testenv.DB(t)
+	ctx := t.Context()
+
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Enqueue(ctx, tx, event()); err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := pending(t, db.Pool); n != 0 {
+		t.Fatalf("after a rollback: %d pending rows, want 0", n)
+	}
+
+	e := event()
+	id := enqueue(t, db.Pool, e)
+	var msgID, name, hdrOrder string
+	var orderID uuid.UUID
+	var published bool
+	err = db.Pool.QueryRow(ctx,
+		`SELECT msg_id, event, order_id, headers->>$2, published_at IS NOT NULL FROM outbox WHERE id = $1`,
+		id, orderevent.HeaderOrderID).Scan(&msgID, &name, &orderID, &hdrOrder, &published)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msgID != e.MsgID() || name != string(e.Name) || orderID != e.OrderID || hdrOrder != e.OrderID.String() || published {
+		t.Fatalf("row = (%s, %s, %s, %s, published %v), want (%s, %s, %s, %s, pending)",
+			msgID, name, orderID, hdrOrder, published, e.MsgID(), e.Name, e.OrderID, e.OrderID)
+	}
+	if n := pending(t, db.Pool); n != 1 {
+		t.Fatalf("pending = %d, want 1", n)
+	}
+}
+
+func TestEnqueueRefusesAMalformedEvent(t *testing.T) {
+	db := testenv.DB(t)
+	e := event()
+	e.ClientID = uuid.Nil
+	err := pgx.BeginFunc(t.Context(), db.Pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(t.Context(), tx, e)
+		return err
+	})
+	if !errors.Is(err, orderevent.ErrMalformed) {
+		t.Fatalf("enqueue of an event without client id: %v, want ErrMalformed", err)
+	}
+	if n := pending(t, db.Pool); n != 0 {
+		t.Fatalf("pending = %d, want 0", n)
+	}
+}
+
+func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	e := event()
+	id := enqueue(t, db.Pool, e)
+
+	if err := r.Publish(t.Context(), id); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	got := rowOf(t, db.Pool, id)
+	if !got.published || got.streamSeq == nil || got.claimed {
+		t.Fatalf("row after publish: %+v, want published, with a stream sequence, unclaimed", got)
+	}
+	s, err := env.JS.Stream(t.Context(), env.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(t.Context(), uint64(*got.streamSeq))
+	if err != nil {
+		t.Fatalf("the stream has no message at the recorded sequence %d: %v", *got.streamSeq, err)
+	}
+	if m.Subject != env.Topology.Subject(e.Name) {
+		t.Errorf("subject = %q, want %q", m.Subject, env.Topology.Subject(e.Name))
+	}
+	for k, v := range e.Headers() {
+		if m.Header.Get(k) != v {
+			t.Errorf("header %s = %q, want %q", k, m.Header.Get(k), v)
+		}
+	}
+	if m.Header.Get("Nats-Msg-Id") != e.MsgID() {
+		t.Errorf("Nats-Msg-Id = %q, want %q", m.Header.Get("Nats-Msg-Id"), e.MsgID())
+	}
+	back, err := orderevent.Decode(m.Data)
+	if err != nil || back != e {
+		t.Errorf("payload = %+v (%v), want %+v", back, err, e)
+	}
+
+	// A published row is not published again.
+	if err := r.Publish(t.Context(), id); err != nil {
+		t.Fatalf("second publish: %v", err)
+	}
+	if n, err := r.PublishPending(t.Context(), 0); err != nil || n != 0 {
+		t.Fatalf("relay pass after publish: %d, %v; want 0, nil", n, err)
+	}
+	if n := streamMsgs(t, env.JS, env.Topology.Stream); n != 1 {
+		t.Fatalf("stream holds %d messages, want 1", n)
+	}
+	if n := pending(t, db.Pool); n != 0 {
+		t.Fatalf("pending = %d, want 0", n)
+	}
+}
+
+func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t), Batch: 2}
+	var ids []int64
+	for range 3 {
+		ids = append(ids, enqueue(t, db.Pool, event()))
+	}
+	if n, err := r.PublishPending(t.Context(), time.Hour); err != nil || n != 0 {
+		t.Fatalf("pass with minAge 1h: %d, %v; want 0, nil", n, err)
+	}
+	if n := pending(t, db.Pool); n != 3 {
+		t.Fatalf("pending = %d, want 3", n)
+	}
+	// Rows are young: make the first two an hour old.
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET created_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.PublishPending(t.Context(), time.Minute); err != nil || n != 2 {
+		t.Fatalf("pass with minAge 1m: %d, %v; want 2, nil", n, err)
+	}
+	if got := rowOf(t, db.Pool, ids[2]); got.published {
+		t.Fatal("the young row was published by a pass with minAge 1m")
+	}
+	if n, err := r.PublishPending(t.Context(), 0); err != nil || n != 1 {
+		t.Fatalf("pass with minAge 0: %d, %v; want 1, nil", n, err)
+	}
+	if n, err := r.PublishPending(t.Context(), 0); err != nil || n != 0 {
+		t.Fatalf("pass over published rows: %d, %v; want 0, nil", n, err)
+	}
+	if n := streamMsgs(t, env.JS, env.Topology.Stream); n != 3 {
+		t.Fatalf("stream holds %d messages, want 3", n)
+	}
+}
+
+func TestPublishPendingBatchLimit(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t), Batch: 2}
+	for range 5 {
+		enqueue(t, db.Pool, event())
+	}
+	for i, want := range []int{2, 2, 1, 0} {
+		if n, err := r.PublishPending(t.Context(), 0); err != nil || n != want {
+			t.Fatalf("pass %d: %d, %v; want %d, nil", i, n, err, want)
+		}
+	}
+}
+
+func TestAClaimedRowIsLeftToItsRelay(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	id := enqueue(t, db.Pool, event())
+	// Another relay holds the row's lease.
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET claimed_until = now() + interval '1 hour' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.PublishPending(t.Context(), 0); err != nil || n != 0 {
+		t.Fatalf("pass over a claimed row: %d, %v; want 0, nil", n, err)
+	}
+	if err := r.Publish(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	if rowOf(t, db.Pool, id).published {
+		t.Fatal("a row claimed by another relay was published")
+	}
+	// That relay died: its lease expires and the row is published.
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET claimed_until = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.PublishPending(t.Context(), 0); err != nil || n != 1 {
+		t.Fatalf("pass after the lease expired: %d, %v; want 1, nil", n, err)
+	}
+}
+
+// A relay that died after the publish and before the stamp leaves the row
+// pending; the next publish has the same Nats-Msg-Id, inside the duplicate
+// window, and the broker drops it.
+func TestARepublishInsideTheDuplicateWindowIsDropped(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	e := event()
+	id := enqueue(t, db.Pool, e)
+	if err := r.Publish(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	first := rowOf(t, db.Pool, id)
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET published_at = NULL, stream_seq = NULL WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.PublishPending(t.Context(), 0); err != nil || n != 1 {
+		t.Fatalf("republish: %d, %v; want 1, nil", n, err)
+	}
+	again := rowOf(t, db.Pool, id)
+	if !again.published || again.streamSeq == nil || *again.streamSeq != *first.streamSeq {
+		t.Fatalf("row after the republish: %+v, want published at the first sequence %d", again, *first.streamSeq)
+	}
+	if ids := msgIDs(t, env.JS, env.Topology.Stream); len(ids) != 1 || ids[e.MsgID()] != 1 {
+		t.Fatalf("stream messages per msg id: %v, want one of %s", ids, e.MsgID())
+	}
+}
+
+func TestRowsStayPendingWhileTheBrokerIsDown(t *testing.T) {
+	db, srv := testenv.DB(t), testenv.OwnNATS(t)
+	nc, js := testenv.Connect(t, srv.URL())
+	top := orderevent.Topology{Stream: "OUTAGE", Prefix: "outage"}
+	if _, err := natsjs.EnsureStream(t.Context(), js, top, 1); err != nil {
+		t.Fatal(err)
+	}
+	r := &outbox.Relay{Pool: db.Pool, JS: js, Topology: top, Logger: testenv.Logger(t), PublishTimeout: 300 * time.Millisecond}
+	e := event()
+	id := enqueue(t, db.Pool, e)
+
+	srv.Stop()
+	testenv.WaitFor(t, 10*time.Second, "the client to notice the outage", func() bool { return !nc.IsConnected() })
+	if err := r.Publish(t.Context(), id); !errors.Is(err, outbox.ErrBrokerUnavailable) {
+		t.Fatalf("inline publish while the broker is down: %v, want ErrBrokerUnavailable", err)
+	}
+	n, err := r.PublishPending(t.Context(), 0)
+	if err == nil || n != 0 {
+		t.Fatalf("relay pass while the broker is down: %d, %v; want 0 and an error", n, err)
+	}
+	if got := rowOf(t, db.Pool, id); got.published || got.claimed {
+		t.Fatalf("row after a failed pass: %+v, want pending and unclaimed (given back)", got)
+	}
+	if n := pending(t, db.Pool); n != 1 {
+		t.Fatalf("pending = %d, want 1", n)
+	}
+
+	srv.Start()
+	testenv.WaitFor(t, 15*time.Second, "the client to reconnect", nc.IsConnected)
+	testenv.WaitFor(t, 15*time.Second, "the relay to publish the row", func() bool {
+		n, err := r.PublishPending(t.Context(), 0)
+		if err != nil {
+			t.Logf("relay pass: %v", err)
+		}
+		return n == 1
+	})
+	if got := rowOf(t, db.Pool, id); !got.published || got.streamSeq == nil {
+		t.Fatalf("row after the broker came back: %+v, want published with a sequence", got)
+	}
+	// A publish buffered by the client during the outage may reach the
+	// broker too; the duplicate window keeps one.
+	if ids := msgIDs(t, js, top.Stream); len(ids) != 1 || ids[e.MsgID()] != 1 {
+		t.Fatalf("stream messages per msg id: %v, want one of %s", ids, e.MsgID())
+	}
+}
+
+func TestAMissingStreamIsProvisionedAgain(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	ensured := 0
+	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t), PublishTimeout: 2 * time.Second,
+		Ensure: func(ctx context.Context) error {
+			ensured++
+			_, err := natsjs.EnsureStream(ctx, env.JS, env.Topology, 1)
+			return err
+		}}
+	if err := env.JS.DeleteStream(t.Context(), env.Topology.Stream); err != nil {
+		t.Fatal(err)
+	}
+	id := enqueue(t, db.Pool, event())
+	if n, err := r.PublishPending(t.Context(), 0); err == nil || n != 0 {
+		t.Fatalf("pass with the stream missing: %d, %v; want 0 and an error", n, err)
+	}
+	if ensured != 1 {
+		t.Fatalf("Ensure called %d times, want 1", ensured)
+	}
+	if got := rowOf(t, db.Pool, id); got.published || got.claimed {
+		t.Fatalf("row after the failed pass: %+v, want pending and unclaimed", got)
+	}
+	if n, err := r.PublishPending(t.Context(), 0); err != nil || n != 1 {
+		t.Fatalf("pass after the stream was provisioned: %d, %v; want 1, nil", n, err)
+	}
+}
+
+// Two relays racing over the same rows publish each row once: the claim
+// (UPDATE ... FOR UPDATE SKIP LOCKED with a lease) gives every row to one.
+func TestRacingRelaysPublishEachRowOnce(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	const rows = 300
+	want := map[string]bool{}
+	for range rows {
+		e := event()
+		want[e.MsgID()] = true
+		enqueue(t, db.Pool, e)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		total int
+		errs  []error
+	)
+	for i := range 2 {
+		_, js := testenv.Connect(t, env.URL)
+		r := &outbox.Relay{Pool: db.Pool, JS: js, Topology: env.Topology, Logger: testenv.Logger(t), Batch: 25}
+		wg.Go(func() {
+			for {
+				n, err := r.PublishPending(t.Context(), 0)
+				mu.Lock()
+				total += n
+				if err != nil {
+					errs = append(errs, fmt.Errorf("relay %d: %w", i, err))
+				}
+				mu.Unlock()
+				if err != nil || n == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatal(errors.Join(errs...))
+	}
+	if n := pending(t, db.Pool); n != 0 {
+		t.Fatalf("pending = %d, want 0", n)
+	}
+	// Each row was stamped by one relay: a row both had claimed would
+	// count twice (the broker acknowledges a duplicate too).
+	if total != rows {
+		t.Fatalf("the relays published %d rows together, want %d", total, rows)
+	}
+	ids := msgIDs(t, env.JS, env.Topology.Stream)
+	if len(ids) != rows {
+		t.Fatalf("stream holds %d msg ids, want %d", len(ids), rows)
+	}
+	for id, n := range ids {
+		if !want[id] || n != 1 {
+			t.Fatalf("msg id %s: %d message(s) (enqueued: %v), want 1", id, n, want[id])
+		}
+	}
+}
