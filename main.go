@@ -24,8 +24,6 @@ import (
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
-	"orderpipe/shared/postgres"
-	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/bench"
 	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/tooling/pspserver"
@@ -35,9 +33,9 @@ import (
 func commands() []cli.Command {
 	return []cli.Command{
 		devenv.Command(devParts()),
-		postgres.MigrateCommand(),
+		migrateCommand(),
 		producer.Command(),
-		tenant.Command(),
+		clientsCommand(),
 		probeCommand(),
 		bench.Command(),
 		consumers.Command(),

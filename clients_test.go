@@ -1,4 +1,4 @@
-package tenant_test
+package main
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 // runClients parses args the way main does and runs the command.
 func runClients(t *testing.T, dbURL string, args ...string) (string, error) {
 	t.Helper()
-	cmd := tenant.Command()
+	cmd := clientsCommand()
 	fs := flag.NewFlagSet("orderpipe clients", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	cmd.Setup(fs)

@@ -1,4 +1,4 @@
-package postgres
+package main
 
 import (
 	"context"
@@ -6,10 +6,11 @@ import (
 
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/postgres"
 )
 
-// MigrateCommand is `orderpipe migrate up|down|status|reset`.
-func MigrateCommand() cli.Command {
+// migrateCommand is `orderpipe migrate up|down|status|reset`.
+func migrateCommand() cli.Command {
 	return cli.Command{
 		Name:    "migrate",
 		Summary: "apply (up), roll back one (down), roll back all (reset) or list (status) the schema migrations",
@@ -24,12 +25,12 @@ func MigrateCommand() cli.Command {
 			default: // a bad command line is told before any connection is tried
 				return cli.Usagef("unknown migrate action %q (want up, down, reset or status)", inv.Args[0])
 			}
-			pool, err := OpenConfig(ctx, inv.Config)
+			pool, err := postgres.OpenConfig(ctx, inv.Config)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			m, err := NewMigrator(pool)
+			m, err := postgres.NewMigrator(pool)
 			if err != nil {
 				return err
 			}

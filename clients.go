@@ -1,4 +1,4 @@
-package tenant
+package main
 
 import (
 	"context"
@@ -11,9 +11,10 @@ import (
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/postgres"
+	"orderpipe/shared/tenant"
 )
 
-// Command is `orderpipe clients`:
+// clientsCommand is `orderpipe clients`:
 //
 //   - `create --name N [--rate-limit R] [--burst B]` registers an API client
 //     and prints its credentials as one JSON object
@@ -22,7 +23,7 @@ import (
 //   - `set-rate-limit --id ID [--rate-limit R] [--burst B]` changes a
 //     client's own rate limit (0, or leaving a flag out, means the intake's
 //     default) and prints the client's limits.
-func Command() cli.Command {
+func clientsCommand() cli.Command {
 	var name, id *string
 	var limit *float64
 	var burst *int
@@ -50,7 +51,7 @@ func Command() cli.Command {
 			if inv.Flags.NArg() > 0 {
 				return cli.Usagef("unexpected arguments: %v", inv.Flags.Args())
 			}
-			limits := Limits{Rate: *limit, Burst: *burst}
+			limits := tenant.Limits{Rate: *limit, Burst: *burst}
 			if err := limits.Validate(); err != nil {
 				return cli.Usagef("%v", err)
 			}
@@ -63,7 +64,7 @@ func Command() cli.Command {
 				if *name == "" {
 					return cli.Usagef("--name is required")
 				}
-				if err := ValidateName(*name); err != nil {
+				if err := tenant.ValidateName(*name); err != nil {
 					return cli.Usagef("--name: %v", err)
 				}
 			case "set-rate-limit":
@@ -81,22 +82,22 @@ func Command() cli.Command {
 			}
 			defer pool.Close()
 			if action == "create" {
-				c, err := CreateLimited(ctx, pool, *name, limits)
+				c, err := tenant.CreateLimited(ctx, pool, *name, limits)
 				if err != nil {
 					return err
 				}
 				return json.NewEncoder(inv.Stdout).Encode(c)
 			}
-			if err := SetLimits(ctx, pool, clientID, limits); err != nil {
+			if err := tenant.SetLimits(ctx, pool, clientID, limits); err != nil {
 				return err
 			}
-			c, err := Get(ctx, pool, clientID)
+			c, err := tenant.Get(ctx, pool, clientID)
 			if err != nil {
 				return err
 			}
 			return json.NewEncoder(inv.Stdout).Encode(struct {
 				ClientID uuid.UUID `json:"client_id"`
-				Limits
+				tenant.Limits
 			}{c.ID, c.Limits})
 		},
 	}
