@@ -63,7 +63,7 @@ const (
 	DefaultTimeout              = 5 * time.Second
 	DefaultRateLimit            = 1000
 	DefaultRateBurst            = 2000
-	DefaultMaxInFlight          = 256
+	DefaultMaxInFlight          = 1024
 	DefaultInlinePublishTimeout = time.Second
 	DefaultMaxStreams           = 1024
 	DefaultMaxStreamsPerClient  = 16
