@@ -1,6 +1,8 @@
 // Package config reads orderpipe's environment into one documented struct.
 // Every environment variable that any part reads is listed in Vars, which is
 // what `orderpipe help` prints and what the compose.yaml test checks against.
+// A part's own typed variable is a Setting (DurationSetting, IntSetting):
+// its default is written once, and the docs and the code both use it.
 package config
 
 import (

@@ -1,6 +1,7 @@
 // Package tenant manages API clients: each gets a client id, an API key
 // (shown once, stored as its SHA-256) and a webhook signing secret
-// (whsec_…). Request ids and orders are scoped per client.
+// (whsec_…), and optionally its own rate limit at the intake (Limits).
+// Request ids and orders are scoped per client.
 package tenant
 
 import (
