@@ -3,7 +3,6 @@ package compensator_test
 import (
 	"bytes"
 	"errors"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -20,9 +19,7 @@ import (
 // exit code and output.
 func (w *world) child(natsURL, failpoints string, args ...string) (int, string) {
 	w.t.Helper()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(),
-		childEnv+"="+strings.Join(args, "\n"),
+	cmd := testenv.ChildCommand(args,
 		"DATABASE_URL="+w.db.URL, "NATS_URL="+natsURL, "PSP_URL="+w.pspURL,
 		failpoint.EnvVar+"="+failpoints, "ORDERPIPE_LOG_LEVEL=warn")
 	var out, errOut bytes.Buffer

@@ -3,13 +3,9 @@ package compensator_test
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net/http/httptest"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,9 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/compensator"
-	"orderpipe/shared/cli"
-	"orderpipe/shared/config"
-	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
@@ -31,42 +24,9 @@ import (
 	"orderpipe/shared/tooling/testenv"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" {
-		os.Exit(runChild())
-	}
-	testenv.Main(m)
-}
-
-// childEnv marks the test binary running as `orderpipe compensator` for a
-// crash test; its value is the command line, one argument per line.
-const childEnv = "COMPENSATOR_TEST_CHILD"
-
-// runChild runs the compensator command in this process, configured by the
-// environment like the real binary (failpoints included).
-func runChild() int {
-	cfg, err := config.FromEnv()
-	if err == nil {
-		err = failpoint.FromEnv()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	cmd := compensator.Command()
-	fs := flag.NewFlagSet("compensator", flag.ContinueOnError)
-	cmd.Setup(fs)
-	if err := fs.Parse(strings.Split(os.Getenv(childEnv), "\n")); err != nil {
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: os.Stdout, Stderr: os.Stderr, Config: cfg}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return 0
-}
+// TestMain runs the tests, or, in a child that a crash test started, the
+// compensator command (testenv.MainWith).
+func TestMain(m *testing.M) { testenv.MainWith(m, compensator.Command()) }
 
 // world is one test's database, stream, payment provider and relay.
 type world struct {

@@ -2,13 +2,13 @@ package consumers_test
 
 import (
 	"context"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"orderpipe/consumers"
 	"orderpipe/consumers/pipetest"
 	"orderpipe/consumers/step"
 	"orderpipe/shared/metrics"
@@ -17,12 +17,9 @@ import (
 	"orderpipe/shared/tooling/testenv"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "1" {
-		os.Exit(runChild())
-	}
-	testenv.Main(m)
-}
+// TestMain runs the tests, or, in a child that a fault test started, the
+// consumers command (testenv.MainWith).
+func TestMain(m *testing.M) { testenv.MainWith(m, consumers.Command()) }
 
 func TestHappyPathAndRejection(t *testing.T) {
 	t.Parallel()

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,40 +21,12 @@ import (
 	"orderpipe/consumers/pipetest"
 	"orderpipe/consumers/step"
 	"orderpipe/shared/app"
-	"orderpipe/shared/cli"
-	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
-
-// childEnv marks the test binary running as `orderpipe consumers` for a
-// crash test (see runChild).
-const childEnv = "CONSUMERS_TEST_CHILD"
-
-// runChild runs the consumers command in this process, configured by the
-// environment like the real binary (failpoints included); used by
-// TestMain when the test binary is started as a child.
-func runChild() int {
-	cfg, err := config.FromEnv()
-	if err == nil {
-		err = failpoint.FromEnv()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err = consumers.Command().Run(ctx, cli.Invocation{Stdout: os.Stdout, Stderr: os.Stderr, Config: cfg})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return 0
-}
 
 // lines are what every fault test orders: two SKUs, so "all or none" matters.
 var lines = []pipetest.Line{{SKU: "SKU-1", Qty: 2}, {SKU: "SKU-2", Qty: 1}}
@@ -140,9 +110,7 @@ func TestCrashAfterCommitAndAfterCharge(t *testing.T) {
 	}
 	crash := func(failpoints string) {
 		t.Helper()
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(),
-			childEnv+"=1",
+		cmd := testenv.ChildCommand(nil,
 			"DATABASE_URL="+e.DB.URL,
 			"NATS_URL="+ns.URL(),
 			"PSP_URL="+e.PSPURL,
@@ -364,8 +332,7 @@ func TestCommandDrainsOnSIGTERM(t *testing.T) {
 	ns := testenv.OwnNATS(t)
 	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
 	stock(t, e)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", "DATABASE_URL="+e.DB.URL, "NATS_URL="+ns.URL(),
+	cmd := testenv.ChildCommand(nil, "DATABASE_URL="+e.DB.URL, "NATS_URL="+ns.URL(),
 		"PSP_URL="+e.PSPURL, "HTTP_ADDR=127.0.0.1:0", "ORDERPIPE_LOG_LEVEL=warn", "ORDERPIPE_SHUTDOWN_TIMEOUT=10s")
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -7,9 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,18 +26,6 @@ import (
 	"orderpipe/shared/tooling/testenv"
 )
 
-// orderpipeBinary builds the module's binary (the root package) into the
-// test's temp dir.
-func orderpipeBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "orderpipe")
-	out, err := exec.Command("go", "build", "-o", bin, "orderpipe").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build orderpipe: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // child is an `orderpipe producer` process.
 type child struct {
 	cmd    *exec.Cmd
@@ -52,17 +38,9 @@ type child struct {
 
 // startProducer starts the producer with the given extra environment and
 // returns once it listens.
-func startProducer(t *testing.T, bin string, env ...string) *child {
+func startProducer(t *testing.T, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(bin, "producer")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ORDERPIPE_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "NATS_URL=") && !strings.HasPrefix(kv, "HTTP_ADDR=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, "HTTP_ADDR=127.0.0.1:0", "ORDERPIPE_LOG_FORMAT=json", "ORDERPIPE_SHUTDOWN_TIMEOUT=5s")
-	cmd.Env = append(cmd.Env, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd := testenv.ChildCommand(nil, append([]string{"HTTP_ADDR=127.0.0.1:0", "ORDERPIPE_LOG_FORMAT=json", "ORDERPIPE_SHUTDOWN_TIMEOUT=5s"}, env...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -152,8 +130,7 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 	}
 	base := []string{"DATABASE_URL=" + db.URL, "NATS_URL=" + ns.URL()}
 
-	bin := orderpipeBinary(t)
-	p := startProducer(t, bin, append(base, failpoint.EnvVar+"="+producer.FailAfterCommit+"=exit")...)
+	p := startProducer(t, append(base, failpoint.EnvVar+"="+producer.FailAfterCommit+"=exit")...)
 	body := orderBody("crash-1")
 	req, _ := http.NewRequest("POST", "http://"+p.addr+"/v1/orders", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+creds.APIKey)
@@ -180,7 +157,7 @@ func TestCrashAfterCommitBeforePublish(t *testing.T) {
 		t.Fatalf("%d accepted events before the restart", n)
 	}
 
-	p = startProducer(t, bin, base...)
+	p = startProducer(t, base...)
 	testenv.WaitFor(t, 30*time.Second, "the relay to publish the accepted event", func() bool {
 		n, err := outbox.Pending(t.Context(), db.Pool)
 		return err == nil && n == 0

@@ -22,7 +22,9 @@ import (
 	"orderpipe/shared/tooling/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain runs the tests, or, in a child that a crash test started, the
+// producer command (testenv.MainWith).
+func TestMain(m *testing.M) { testenv.MainWith(m, producer.Command()) }
 
 // harness is one test's intake: its own database and stream, a server on
 // a free port and one API client.

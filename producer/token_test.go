@@ -257,8 +257,7 @@ func TestCrashBetweenTokenClaimAndCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := []string{"DATABASE_URL=" + db.URL, "NATS_URL=" + ns.URL(), producer.EnvTimeout.Name + "=2s"}
-	bin := orderpipeBinary(t)
-	p := startProducer(t, bin, append(base, failpoint.EnvVar+"="+producer.FailAfterTokenClaim+"=exit")...)
+	p := startProducer(t, append(base, failpoint.EnvVar+"="+producer.FailAfterTokenClaim+"=exit")...)
 	send := func(addr string) (int, string) {
 		req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/orders", strings.NewReader(tokenOrderBody()))
 		req.Header.Set("Authorization", "Bearer "+creds.APIKey)
@@ -281,7 +280,7 @@ func TestCrashBetweenTokenClaimAndCommit(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT state FROM idempotency_tokens WHERE token = $1`, tok.Token).Scan(&state); err != nil || state != "processing" {
 		t.Fatalf("after the crash the token is %q (%v), want processing", state, err)
 	}
-	p = startProducer(t, bin, base...)
+	p = startProducer(t, base...)
 	var statuses []int
 	testenv.WaitFor(t, 30*time.Second, "a retry to place the order once the lease passed", func() bool {
 		status, _ := send(p.addr)
