@@ -557,23 +557,9 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 		invalid(err)
 		return
 	}
-	// The body is read within the request's deadline too: a client that
-	// trickles it does not hold a slot for longer.
-	rc := http.NewResponseController(w)
-	dl, ok := r.Context().Deadline()
-	if !ok {
-		dl = time.Now().Add(a.svc.opts.Timeout)
-	}
-	_ = rc.SetReadDeadline(dl)
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	_ = rc.SetReadDeadline(time.Time{}) // the connection may serve further requests
+	body, err := a.readBody(w, r)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			invalid(err)
-			return
-		}
-		invalid(&order.ValidationError{Fields: []order.FieldError{{Field: "body", Message: "could not be read: " + err.Error()}}})
+		invalid(err)
 		return
 	}
 	opts := a.svc.DecodeOptions()
@@ -601,16 +587,32 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, o)
 }
 
+// readBody reads a request body of at most MaxBodyBytes within the
+// request's deadline (a client that trickles it does not hold a slot for
+// longer). The error is a *http.MaxBytesError (413) or an invalid-input
+// *order.ValidationError.
+func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	dl, ok := r.Context().Deadline()
+	if !ok {
+		dl = time.Now().Add(a.svc.opts.Timeout)
+	}
+	_ = rc.SetReadDeadline(dl)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	_ = rc.SetReadDeadline(time.Time{}) // the connection may serve further requests
+	var mbe *http.MaxBytesError
+	if err != nil && !errors.As(err, &mbe) {
+		err = &order.ValidationError{Fields: []order.FieldError{{Field: "body", Message: "could not be read: " + err.Error()}}}
+	}
+	return body, err
+}
+
 // issueToken is POST /v1/idempotency-tokens: an empty body (or an empty
 // JSON object) in, 201 {"token","expires_at"} out.
 func (a *API) issueToken(w http.ResponseWriter, r *http.Request) {
 	c, _ := ClientFrom(r.Context())
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	body, err := a.readBody(w, r)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if !errors.As(err, &mbe) {
-			err = &order.ValidationError{Fields: []order.FieldError{{Field: "body", Message: "could not be read: " + err.Error()}}}
-		}
 		a.writeError(w, r, err)
 		return
 	}

@@ -15,7 +15,7 @@
 //	                     ▼  │
 //	               (lease lapsed)
 //
-// A request that finds the token processing gets ErrInFlight (retry
+// A request that finds the token processing gets an *InFlightError (retry
 // later, same token); used lets the request through to the order's
 // dedupe, which answers the first order (or a mismatch); an unknown
 // token, or one of another client, is ErrUnknown; one that expired unused
@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -95,7 +96,7 @@ func (e *InFlightError) Error() string {
 
 // IsToken reports whether s is shaped like an issued token (and so is
 // handled as one wherever a request_id is expected).
-func IsToken(s string) bool { return len(s) >= len(Prefix) && s[:len(Prefix)] == Prefix }
+func IsToken(s string) bool { return strings.HasPrefix(s, Prefix) }
 
 // Valid reports whether s is exactly a token's shape.
 func Valid(s string) bool { return format.MatchString(s) }

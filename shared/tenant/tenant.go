@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -54,7 +55,7 @@ const (
 // Validate checks limits: each zero (the default) or positive and within
 // MaxRate and MaxBurst.
 func (l Limits) Validate() error {
-	if l.Rate < 0 || l.Rate > MaxRate || l.Rate != l.Rate {
+	if l.Rate < 0 || l.Rate > MaxRate || math.IsNaN(l.Rate) {
 		return fmt.Errorf("rate limit must be between 0 (the default) and %g requests per second, got %v", float64(MaxRate), l.Rate)
 	}
 	if l.Burst < 0 || l.Burst > MaxBurst {
