@@ -745,6 +745,30 @@ func (c *Compensator) republish(ctx context.Context, res *Result) error {
 	return nil
 }
 
+// tokens settles the idempotency tokens whose holder died, deletes those
+// that expired unused longer than their retention ago, in batches, and
+// counts the tokens per state for the gauge.
+func (c *Compensator) tokens(ctx context.Context, res *Result) error {
+	settled, err := idemtoken.Settle(ctx, c.pool)
+	if err != nil {
+		return err
+	}
+	res.TokensSettled = settled
+	if err := c.drain(&res.TokensSwept, func() (int64, error) {
+		return idemtoken.Sweep(ctx, c.pool, c.cfg.TokenRetention, c.cfg.SweepBatchSize)
+	}); err != nil {
+		return err
+	}
+	counts, err := idemtoken.Counts(ctx, c.pool)
+	if err != nil {
+		return err
+	}
+	for st, n := range counts {
+		metrics.Tokens.WithLabelValues(string(st)).Set(float64(n))
+	}
+	return nil
+}
+
 // drain calls del, one batch of deletes at a time, until a batch is short,
 // adding what it deleted to *n.
 func (c *Compensator) drain(n *int64, del func() (int64, error)) error {
@@ -757,10 +781,9 @@ func (c *Compensator) drain(n *int64, del func() (int64, error)) error {
 	}
 }
 
-// sweep deletes processed_messages rows older than the retention,
+// sweep deletes processed_messages rows older than the retention and
 // published outbox rows of finished orders older than the outbox
-// retention, and idempotency tokens that expired unused longer than their retention ago,
-// in batches, then counts the tokens per state for the gauge.
+// retention, in batches.
 func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 	exec := func(what, sql string, retention time.Duration) func() (int64, error) {
 		return func() (int64, error) {
@@ -788,23 +811,6 @@ func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 			  AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.order_id = ob.order_id AND o.status IN ('processing', 'reserved', 'paid'))
 			ORDER BY ob.id LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.OutboxRetention)); err != nil {
 		return err
-	}
-	settled, err := idemtoken.Settle(ctx, c.pool)
-	if err != nil {
-		return err
-	}
-	res.TokensSettled = settled
-	if err := c.drain(&res.TokensSwept, func() (int64, error) {
-		return idemtoken.Sweep(ctx, c.pool, c.cfg.TokenRetention, c.cfg.SweepBatchSize)
-	}); err != nil {
-		return err
-	}
-	counts, err := idemtoken.Counts(ctx, c.pool)
-	if err != nil {
-		return err
-	}
-	for st, n := range counts {
-		metrics.Tokens.WithLabelValues(string(st)).Set(float64(n))
 	}
 	return nil
 }

@@ -24,7 +24,8 @@ type phase struct {
 // unwinds nothing); re-drive or unwind the stuck orders (plan, then
 // apply); heal open orders whose last event the broker lost; refund what
 // unwinds left due; re-notify terminal orders whose webhook was never
-// created; publish stale outbox rows; sweep expired dedupe rows.
+// created; publish stale outbox rows; sweep expired dedupe rows and old
+// published outbox rows; settle and sweep idempotency tokens.
 func (c *Compensator) phases() []phase {
 	return []phase{
 		{name: "measure", run: func(ctx context.Context, res *Result) error { return c.measure(ctx, c.pool, res) }},
@@ -35,6 +36,7 @@ func (c *Compensator) phases() []phase {
 		{name: "renotify", needsBroker: true, run: c.renotify},
 		{name: "republish", needsBroker: true, run: c.republish},
 		{name: "sweep", run: c.sweep},
+		{name: "tokens", run: c.tokens},
 	}
 }
 
