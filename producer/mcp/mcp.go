@@ -237,15 +237,11 @@ func problemResult(p *problem.Problem) *sdk.CallToolResult {
 	return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: string(b)}}, StructuredContent: p}
 }
 
-func okResult(r OrderResult) *sdk.CallToolResult {
+// okResult is a successful tool call: r (an OrderResult, or the
+// idemtoken.Token of new_order_token) as structured content and as text.
+func okResult(r any) *sdk.CallToolResult {
 	b, _ := json.Marshal(r)
 	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: string(b)}}, StructuredContent: r}
-}
-
-// TokenResult is the structured content of new_order_token.
-type TokenResult struct {
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expires_at"`
 }
 
 func (s *server) newToken(ctx context.Context, clientID uuid.UUID, _ *sdk.CallToolRequest, _ json.RawMessage) (*sdk.CallToolResult, error) {
@@ -253,9 +249,7 @@ func (s *server) newToken(ctx context.Context, clientID uuid.UUID, _ *sdk.CallTo
 	if err != nil {
 		return nil, err
 	}
-	r := TokenResult{Token: t.Token, ExpiresAt: t.ExpiresAt}
-	b, _ := json.Marshal(r)
-	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: string(b)}}, StructuredContent: r}, nil
+	return okResult(t), nil
 }
 
 func (s *server) createOrder(ctx context.Context, clientID uuid.UUID, _ *sdk.CallToolRequest, args json.RawMessage) (*sdk.CallToolResult, error) {

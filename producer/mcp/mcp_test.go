@@ -21,6 +21,7 @@ import (
 	"orderpipe/producer/orderstream"
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/tenant"
@@ -519,7 +520,7 @@ func TestCreateWithToken(t *testing.T) {
 	h := setup(t)
 	cs := h.inMemory(newProgress())
 	r := call(t, cs, mcp.ToolNewToken, map[string]any{}, nil)
-	var tok mcp.TokenResult
+	var tok idemtoken.Token
 	if err := json.Unmarshal([]byte(r.raw), &tok); r.isError || err != nil || tok.Token == "" || tok.ExpiresAt.IsZero() {
 		t.Fatalf("new_order_token: %s (%v)", r.raw, err)
 	}
