@@ -6,14 +6,9 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"orderpipe/compensator"
 	"orderpipe/consumers"
@@ -23,7 +18,6 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/failpoint"
 	"orderpipe/shared/tooling/bench"
 	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/tooling/pspserver"
@@ -75,55 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if err := failpoint.FromEnv(); err != nil {
-		fmt.Fprintf(stderr, "orderpipe: %v\n", err)
-		return 2
-	}
-	fs := flag.NewFlagSet("orderpipe "+cmd.Name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	printUsage := func() {
-		fmt.Fprintf(fs.Output(), "usage: orderpipe %s %s\n\n%s\n", cmd.Name, cmd.Usage, cmd.Summary)
-		hasFlags := false
-		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
-		if hasFlags {
-			fmt.Fprintln(fs.Output(), "\nFlags:")
-			fs.PrintDefaults()
-		}
-		cli.PrintEnv(fs.Output(), cmd.Env)
-	}
-	fs.Usage = func() {} // printed below, once, to the right stream
-	if cmd.Setup != nil {
-		cmd.Setup(fs)
-	}
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			printUsage()
-			return 0
-		}
-		printUsage()
-		return 2
-	}
-	cfg, err := config.FromEnv()
-	if err != nil {
-		fmt.Fprintf(stderr, "orderpipe %s: bad environment:\n%v\n", cmd.Name, err)
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err = cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: stdout, Stderr: stderr, Config: cfg})
-	var ue cli.UsageError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "orderpipe %s: %v\n\n", cmd.Name, err)
-		printUsage()
-		return 2
-	default:
-		fmt.Fprintf(stderr, "orderpipe %s: %v\n", cmd.Name, err)
-		return 1
-	}
+	return cli.Execute(*cmd, args[1:], stdout, stderr)
 }
 
 func usage(w io.Writer) {

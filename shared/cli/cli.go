@@ -4,12 +4,17 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"orderpipe/shared/config"
+	"orderpipe/shared/failpoint"
 )
 
 // Command is one `orderpipe <name>` subcommand.
@@ -90,4 +95,61 @@ func Join(names []string, more ...string) []string {
 // Indent indents every line of s by two spaces.
 func Indent(s string) string {
 	return "  " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n  ")
+}
+
+// Execute runs cmd with its command-line arguments as the orderpipe binary
+// does: failpoints armed from the environment, flags parsed (-h prints the
+// usage), the Config read from the environment, SIGINT and SIGTERM ending
+// ctx. It returns the exit status: 0, 1 for an error, 2 for a bad command
+// line or environment (with the usage on stderr).
+func Execute(cmd Command, args []string, stdout, stderr io.Writer) int {
+	if err := failpoint.FromEnv(); err != nil {
+		fmt.Fprintf(stderr, "orderpipe: %v\n", err)
+		return 2
+	}
+	fs := flag.NewFlagSet("orderpipe "+cmd.Name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	printUsage := func() {
+		fmt.Fprintf(fs.Output(), "usage: orderpipe %s %s\n\n%s\n", cmd.Name, cmd.Usage, cmd.Summary)
+		hasFlags := false
+		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+		if hasFlags {
+			fmt.Fprintln(fs.Output(), "\nFlags:")
+			fs.PrintDefaults()
+		}
+		PrintEnv(fs.Output(), cmd.Env)
+	}
+	fs.Usage = func() {} // printed below, once, to the right stream
+	if cmd.Setup != nil {
+		cmd.Setup(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			printUsage()
+			return 0
+		}
+		printUsage()
+		return 2
+	}
+	cfg, err := config.FromEnv()
+	if err != nil {
+		fmt.Fprintf(stderr, "orderpipe %s: bad environment:\n%v\n", cmd.Name, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = cmd.Run(ctx, Invocation{Args: fs.Args(), Flags: fs, Stdout: stdout, Stderr: stderr, Config: cfg})
+	var ue UsageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "orderpipe %s: %v\n\n", cmd.Name, err)
+		printUsage()
+		return 2
+	default:
+		fmt.Fprintf(stderr, "orderpipe %s: %v\n", cmd.Name, err)
+		return 1
+	}
 }
