@@ -96,7 +96,10 @@ func TestPipelineEndToEnd(t *testing.T) {
 	env := &app.Env{Config: cfg, Logger: app.NewLogger(cfg, logs), Pool: db.Pool, NC: n.Conn, JS: n.JS,
 		Topology: n.Topology, Metrics: app.NewRegistry()}
 
-	ctx, cancel := context.WithCancel(t.Context())
+	// The parts live until stop (a cleanup) cancels them, after the
+	// receiver and the other later cleanups: not t.Context(), which ends
+	// before any cleanup runs.
+	ctx, cancel := context.WithCancel(context.Background())
 	var waits []func() error
 	stop := func() {
 		cancel()

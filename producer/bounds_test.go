@@ -28,7 +28,7 @@ func runIntake(t *testing.T, opts producer.Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
+	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
 	done := make(chan error, 1)
 	go func() { done <- producer.Run(ctx, env, l, opts) }()
 	t.Cleanup(func() {

@@ -208,10 +208,12 @@ func (p *holdingProxy) close() {
 // request_id; exactly one order exists and the client ends up with it.
 func TestTimeoutThenRetry(t *testing.T) {
 	t.Parallel()
-	h := setup(t, producer.Options{Timeout: 500 * time.Millisecond})
+	// The retry's attempt must finish within its timeout even on a loaded
+	// machine (the whole suite under -race on two cores): 2 s + 1 s.
+	h := setup(t, producer.Options{Timeout: 2 * time.Second})
 	p := newHoldingProxy(t, strings.TrimPrefix(h.srv.URL, "http://"))
 	c := client.New(p.URL(), h.creds.APIKey)
-	c.AttemptTimeout = 500*time.Millisecond + 500*time.Millisecond // server deadline + margin
+	c.AttemptTimeout = 2*time.Second + time.Second // server deadline + margin
 	c.HTTP = &http.Client{Transport: &http.Transport{}}
 	defer c.HTTP.CloseIdleConnections()
 	var retried []error

@@ -153,7 +153,7 @@ func (f fixture) enqueue(t *testing.T, c tenant.Credentials, url string, n int) 
 // run starts w until the test ends.
 func run(t *testing.T, w *webhook.Worker) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
+	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() {
