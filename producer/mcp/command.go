@@ -20,7 +20,7 @@ import (
 )
 
 // EnvAPIKey is the API key that `orderpipe mcp` acts as (dev.env sets it).
-var EnvAPIKey = config.Register("ORDERPIPE_API_KEY", "API key of the client that `orderpipe mcp` acts for (dev.env has the dev client's)", "none")
+var EnvAPIKey = config.StringSetting("ORDERPIPE_API_KEY", "API key of the client that `orderpipe mcp` acts for (dev.env has the dev client's)", "", "none")
 
 // Command is `orderpipe mcp`: the tools over stdio for the client of
 // ORDERPIPE_API_KEY. newIntake builds the intake service on the process's
@@ -30,12 +30,13 @@ func Command(newIntake func(env *app.Env) (Intake, error)) cli.Command {
 		Name:    "mcp",
 		Summary: "serve the MCP tools (create_order, get_order, wait_for_order) over stdio for the client of ORDERPIPE_API_KEY",
 		Usage:   "",
-		Env:     cli.Join(cli.Common, EnvAPIKey, config.EnvAllowPrivateCallbacks),
+		Env:     cli.Join(cli.Common, EnvAPIKey.Name, config.EnvAllowPrivateCallbacks),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
 				return cli.Usagef("mcp takes no arguments")
 			}
-			return RunStdio(ctx, inv.Config, os.Getenv(EnvAPIKey), os.Stdin, inv.Stdout, inv.Stderr, newIntake)
+			apiKey, _ := EnvAPIKey.Get()
+			return RunStdio(ctx, inv.Config, apiKey, os.Stdin, inv.Stdout, inv.Stderr, newIntake)
 		},
 	}
 }

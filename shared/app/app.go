@@ -74,7 +74,7 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, name stri
 		return nil, err
 	}
 	env := &Env{Config: cfg, Logger: logger, Pool: pool, NC: nc, JS: js, Topology: orderevent.DefaultTopology, Metrics: NewRegistry()}
-	if env.stopTracing, err = tracing.Setup(ctx, "orderpipe-"+name); err != nil {
+	if env.stopTracing, err = tracing.Setup(ctx, "orderpipe-"+name, cfg.OTLPEndpoint); err != nil {
 		env.Close()
 		return nil, fmt.Errorf("set up tracing: %w", err)
 	}

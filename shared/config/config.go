@@ -8,6 +8,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -89,6 +90,12 @@ func IntSetting(name, meaning string, def, min int) Setting[int] {
 	}}
 }
 
+// StringSetting registers a text variable; blank is the same as unset.
+func StringSetting(name, meaning, def, docDefault string) Setting[string] {
+	Register(name, meaning, docDefault)
+	return Setting[string]{Name: name, Default: def, parse: func(v string) (string, error) { return v, nil }}
+}
+
 // FormatDuration writes d as a person would: 15m rather than 15m0s.
 func FormatDuration(d time.Duration) string {
 	s := d.String()
@@ -122,6 +129,7 @@ var (
 	EnvLogFormat             = Register("ORDERPIPE_LOG_FORMAT", "log format: json or text", "json (text in dev)")
 	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", DefaultLogLevel)
 	EnvStreamReplicas        = Register("ORDERPIPE_STREAM_REPLICAS", "replicas of the ORDERS stream (1, 3 or 5)", strconv.Itoa(DefaultStreamReplicas))
+	EnvOTLPEndpoint          = Register("OTEL_EXPORTER_OTLP_ENDPOINT", "OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318); unset: traces are not exported", "unset")
 	EnvShutdownTimeout       = Register("ORDERPIPE_SHUTDOWN_TIMEOUT", "how long a process drains in-flight work on SIGTERM", FormatDuration(DefaultShutdownTimeout))
 )
 
@@ -149,6 +157,8 @@ type Config struct {
 	LogLevel              string
 	StreamReplicas        int
 	ShutdownTimeout       time.Duration
+	// OTLPEndpoint is where traces are exported; "" exports none.
+	OTLPEndpoint string
 }
 
 // FromEnv reads Config from the environment with defaults and validates
@@ -165,6 +175,7 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 		}
 		return def
 	}
+	var errs []error
 	c := Config{
 		DatabaseURL: get(EnvDatabaseURL, ""),
 		NATSURL:     get(EnvNATSURL, ""),
@@ -173,8 +184,14 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 		DataDir:     get(EnvDataDir, DefaultDataDir),
 		LogFormat:   get(EnvLogFormat, DefaultLogFormat),
 		LogLevel:    get(EnvLogLevel, DefaultLogLevel),
+
+		OTLPEndpoint: get(EnvOTLPEndpoint, ""),
 	}
-	var errs []error
+	if c.OTLPEndpoint != "" {
+		if u, err := url.Parse(c.OTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("%s: want an http(s) URL like http://otel-collector:4318, got %q", EnvOTLPEndpoint, c.OTLPEndpoint))
+		}
+	}
 	var err error
 	if c.AllowPrivateCallbacks, err = ParseBool(get(EnvAllowPrivateCallbacks, "off")); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", EnvAllowPrivateCallbacks, err))

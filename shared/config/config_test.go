@@ -29,6 +29,7 @@ func TestMalformed(t *testing.T) {
 		EnvShutdownTimeout:       "-1s",
 		EnvLogFormat:             "xml",
 		EnvLogLevel:              "loud",
+		EnvOTLPEndpoint:          "otel-collector:4318",
 	}
 	for k, v := range cases {
 		_, err := fromLookup(lookup(map[string]string{k: v}))

@@ -12,7 +12,7 @@ package tracing
 import (
 	"context"
 	"log/slog"
-	"os"
+	"strings"
 	"sync"
 
 	"go.opentelemetry.io/otel"
@@ -22,12 +22,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-
-	"orderpipe/shared/config"
 )
-
-// EnvEndpoint turns on the OTLP export.
-var EnvEndpoint = config.Register("OTEL_EXPORTER_OTLP_ENDPOINT", "OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318); unset: traces are not exported", "unset")
 
 // Header is the one header name that carries the trace context.
 const Header = "traceparent"
@@ -41,12 +36,13 @@ var setupOnce sync.Once
 func init() { Install(sdktrace.NewTracerProvider()) }
 
 // Setup installs the process's tracer provider and the W3C propagator. The
-// returned function flushes and stops the exporter.
-func Setup(ctx context.Context, service string) (shutdown func(context.Context) error, err error) {
+// returned function flushes and stops the exporter. endpoint is the OTLP/HTTP
+// base URL to export to (config.Config.OTLPEndpoint); "" exports nothing.
+func Setup(ctx context.Context, service, endpoint string) (shutdown func(context.Context) error, err error) {
 	var opts []sdktrace.TracerProviderOption
 	opts = append(opts, sdktrace.WithResource(sdkresource.NewSchemaless(semconv.ServiceName(service))))
-	if os.Getenv(EnvEndpoint) != "" {
-		exp, err := otlptracehttp.New(ctx)
+	if endpoint != "" {
+		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(tracesURL(endpoint)))
 		if err != nil {
 			return nil, err
 		}
@@ -110,3 +106,10 @@ func (l logHandler) WithAttrs(as []slog.Attr) slog.Handler {
 	return logHandler{l.Handler.WithAttrs(as)}
 }
 func (l logHandler) WithGroup(n string) slog.Handler { return logHandler{l.Handler.WithGroup(n)} }
+
+// tracesURL is the traces URL under an OTLP/HTTP base endpoint, as the
+// OpenTelemetry specification defines it for OTEL_EXPORTER_OTLP_ENDPOINT:
+// the base with /v1/traces appended.
+func tracesURL(endpoint string) string {
+	return strings.TrimRight(endpoint, "/") + "/v1/traces"
+}

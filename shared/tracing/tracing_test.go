@@ -3,6 +3,8 @@ package tracing
 import (
 	"bytes"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -51,7 +53,7 @@ func TestExtractMalformed(t *testing.T) {
 // TestTraceIDsSurviveShutdown: a process that set tracing up and shut it
 // down (one part of `dev`, a test's env) still gets trace ids afterwards.
 func TestTraceIDsSurviveShutdown(t *testing.T) {
-	shutdown, err := Setup(t.Context(), "test")
+	shutdown, err := Setup(t.Context(), "test", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,5 +64,33 @@ func TestTraceIDsSurviveShutdown(t *testing.T) {
 	defer span.End()
 	if TraceID(ctx) == "" {
 		t.Fatal("no trace id after the exporter's shutdown")
+	}
+}
+
+// TestExportsToEndpoint: with an endpoint, the spans a process makes reach
+// the collector's traces path under it when tracing shuts down.
+func TestExportsToEndpoint(t *testing.T) {
+	got := make(chan string, 16)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Method + " " + r.URL.Path
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer collector.Close()
+	shutdown, err := Setup(t.Context(), "test", collector.URL+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := Tracer().Start(t.Context(), "exported")
+	span.End()
+	if err := shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case req := <-got:
+		if req != "POST /v1/traces" {
+			t.Fatalf("collector got %q, want POST /v1/traces", req)
+		}
+	default:
+		t.Fatal("the collector got no export by the time shutdown returned")
 	}
 }

@@ -90,7 +90,7 @@ func command(run func(ctx context.Context, s Settings, out, progress io.Writer) 
 		Name:    "bench",
 		Summary: "load-test a running stack: bench intake|replay|e2e|baseline|compare (reads dev.env or --url/--api-key/--database-url)",
 		Usage:   "intake|replay|e2e|baseline|compare [--concurrency 64] [--duration 15s] [--users 100 --requests 10] [--rounds 4] [--out DIR] [--url U --api-key K --database-url D]",
-		Env:     []string{config.EnvDataDir, config.EnvDatabaseURL, config.EnvHTTPAddr, mcp.EnvAPIKey},
+		Env:     []string{config.EnvDataDir, config.EnvDatabaseURL, config.EnvHTTPAddr, mcp.EnvAPIKey.Name},
 		Setup: func(fs *flag.FlagSet) {
 			f.url = fs.String("url", "", "base URL of the intake (default: from dev.env, else HTTP_ADDR)")
 			f.apiKey = fs.String("api-key", "", "API key to send as (default: from dev.env, else ORDERPIPE_API_KEY)")
@@ -178,7 +178,8 @@ func parse(inv cli.Invocation, f flags) (Settings, error) {
 		return Settings{}, cli.Usagef("--env-file: %v", err)
 	}
 	s.URL = first(*f.url, baseURL(dev["HTTP_ADDR"]), baseURL(inv.Config.HTTPAddr))
-	s.APIKey = first(*f.apiKey, dev["ORDERPIPE_API_KEY"], os.Getenv(mcp.EnvAPIKey))
+	envKey, _ := mcp.EnvAPIKey.Get()
+	s.APIKey = first(*f.apiKey, dev["ORDERPIPE_API_KEY"], envKey)
 	s.DatabaseURL = first(*f.databaseURL, dev["DATABASE_URL"], inv.Config.DatabaseURL)
 	if err := checkURL(s.URL); err != nil {
 		return Settings{}, cli.Usagef("--url: %v", err)
