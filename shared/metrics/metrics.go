@@ -33,108 +33,96 @@ var stageBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 9
 var (
 	// IntakeRequests counts order-create requests by outcome. Its ratio
 	// replayed / (created + replayed) is the duplicate request rate.
-	IntakeRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "orderpipe_intake_requests_total",
-		Help: "Order-create requests by outcome: created, replayed, rejected_invalid, rejected_mismatch, unauthenticated, rate_limited, unavailable.",
-	}, []string{"outcome"})
+	IntakeRequests = counterVec("orderpipe_intake_requests_total",
+		"Order-create requests by outcome: created, replayed, rejected_invalid, rejected_mismatch, unauthenticated, rate_limited, unavailable.", "outcome")
 
 	// IntakeDuration is the latency of order-create requests.
-	IntakeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "orderpipe_intake_request_duration_seconds",
-		Help:    "Latency of order-create requests by outcome.",
-		Buckets: prometheus.DefBuckets,
-	}, []string{"outcome"})
+	IntakeDuration = histogramVec("orderpipe_intake_request_duration_seconds", prometheus.DefBuckets,
+		"Latency of order-create requests by outcome.", "outcome")
 
 	// UniqueConflicts counts unique-constraint conflicts at insert: a
 	// concurrent duplicate request_id, or a colliding order_no.
-	UniqueConflicts = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "orderpipe_unique_conflicts_total",
-		Help: "Unique-constraint conflicts on order insert, by constraint: request_id or order_no.",
-	}, []string{"constraint"})
+	UniqueConflicts = counterVec("orderpipe_unique_conflicts_total",
+		"Unique-constraint conflicts on order insert, by constraint: request_id or order_no.", "constraint")
 
 	// OrdersFinished counts orders reaching a terminal state.
-	OrdersFinished = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "orderpipe_orders_finished_total",
-		Help: "Orders that reached a terminal state, by status: confirmed, rejected, cancelled.",
-	}, []string{"status"})
+	OrdersFinished = counterVec("orderpipe_orders_finished_total",
+		"Orders that reached a terminal state, by status: confirmed, rejected, cancelled.", "status")
 
 	// StageSeconds is the time from acceptance to an order entering a status.
-	StageSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "orderpipe_order_stage_seconds",
-		Help:    "Time from acceptance until the order entered the status.",
-		Buckets: stageBuckets,
-	}, []string{"status"})
+	StageSeconds = histogramVec("orderpipe_order_stage_seconds", stageBuckets,
+		"Time from acceptance until the order entered the status.", "status")
 
 	// HandlerMessages counts messages per consumer handler and outcome.
-	HandlerMessages = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "orderpipe_handler_messages_total",
-		Help: "Messages handled per consumer handler, by outcome: processed, duplicate, retried, dead_lettered.",
-	}, []string{"handler", "outcome"})
+	HandlerMessages = counterVec("orderpipe_handler_messages_total",
+		"Messages handled per consumer handler, by outcome: processed, duplicate, retried, dead_lettered.", "handler", "outcome")
 
 	// HandlerDuration is the latency of one handler run.
-	HandlerDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "orderpipe_handler_duration_seconds",
-		Help:    "Latency of one consumer handler run.",
-		Buckets: prometheus.DefBuckets,
-	}, []string{"handler"})
+	HandlerDuration = histogramVec("orderpipe_handler_duration_seconds", prometheus.DefBuckets,
+		"Latency of one consumer handler run.", "handler")
 
 	// DeadLetters counts messages put in the dead_letters table.
-	DeadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "orderpipe_dead_letters_total",
-		Help: "Messages dead-lettered into PostgreSQL, by handler.",
-	}, []string{"handler"})
+	DeadLetters = counterVec("orderpipe_dead_letters_total",
+		"Messages dead-lettered into PostgreSQL, by handler.", "handler")
 
 	// StuckOrders is the number of non-terminal orders past their
 	// state's deadline, by status, as of the compensator's last pass.
-	StuckOrders = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "orderpipe_stuck_orders",
-		Help: "Non-terminal orders past their state's deadline, by status, at the compensator's last pass.",
-	}, []string{"status"})
+	StuckOrders = gaugeVec("orderpipe_stuck_orders",
+		"Non-terminal orders past their state's deadline, by status, at the compensator's last pass.", "status")
 
 	// OldestOpenOrderAge is the age of the oldest non-terminal order.
-	OldestOpenOrderAge = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "orderpipe_oldest_open_order_age_seconds",
-		Help: "Age of the oldest non-terminal order at the compensator's last pass (0 when none).",
-	})
+	OldestOpenOrderAge = gauge("orderpipe_oldest_open_order_age_seconds",
+		"Age of the oldest non-terminal order at the compensator's last pass (0 when none).")
 
 	// CompensatorActions counts what the compensator did.
-	CompensatorActions = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "orderpipe_compensator_actions_total",
-		Help: "Compensator actions by kind: redrive, unwind, refund, renotify, heal, skip.",
-	}, []string{"action"})
+	CompensatorActions = counterVec("orderpipe_compensator_actions_total",
+		"Compensator actions by kind: redrive, unwind, refund, renotify, heal, skip.", "action")
 
 	// CompensatorBrokerUp is 1 when the compensator's last pass reached the
 	// broker, 0 when it could not (and so re-drove and unwound nothing).
-	CompensatorBrokerUp = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "orderpipe_compensator_broker_up",
-		Help: "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing.",
-	})
+	CompensatorBrokerUp = gauge("orderpipe_compensator_broker_up",
+		"1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing.")
 
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
-	WebhookDeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "orderpipe_webhook_deliveries_total",
-		Help: "Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).",
-	}, []string{"outcome"})
+	WebhookDeliveries = counterVec("orderpipe_webhook_deliveries_total",
+		"Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).", "outcome")
 
 	// TokensIssued counts idempotency tokens issued by the intake.
-	TokensIssued = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "orderpipe_idempotency_tokens_issued_total",
-		Help: "Idempotency tokens issued (POST /v1/idempotency-tokens, MCP new_order_token).",
-	})
+	TokensIssued = counter("orderpipe_idempotency_tokens_issued_total",
+		"Idempotency tokens issued (POST /v1/idempotency-tokens, MCP new_order_token).")
 
 	// Tokens is the number of idempotency tokens by state (unused,
 	// processing, used, expired), as of the compensator's last pass.
-	Tokens = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "orderpipe_idempotency_tokens",
-		Help: "Idempotency tokens by state (unused, processing, used, expired: unused past its expiry, not yet swept), at the compensator's last pass.",
-	}, []string{"state"})
+	Tokens = gaugeVec("orderpipe_idempotency_tokens",
+		"Idempotency tokens by state (unused, processing, used, expired: unused past its expiry, not yet swept), at the compensator's last pass.", "state")
 
 	// OutboxPublished counts events published from the outbox.
-	OutboxPublished = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "orderpipe_outbox_published_total",
-		Help: "Events published from the outbox, by path: inline (right after commit) or relay (a later pass).",
-	}, []string{"path"})
+	OutboxPublished = counterVec("orderpipe_outbox_published_total",
+		"Events published from the outbox, by path: inline (right after commit) or relay (a later pass).", "path")
 )
+
+// The constructors keep each definition to its name, help text, buckets
+// and labels.
+
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+}
+
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+}
+
+func gauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+}
+
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+}
+
+func histogramVec(name string, buckets []float64, help string, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+}
 
 // Collectors returns every orderpipe collector.
 func Collectors() []prometheus.Collector {
