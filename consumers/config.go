@@ -50,18 +50,13 @@ func Default() Config {
 // the process's shutdown timeout.
 func ConfigFromEnv(drain time.Duration) (Config, error) {
 	c := Default()
-	var errs []error
 	var err error
-	if c.Policy, err = redelivery.FromEnv(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.Workers, err = EnvWorkers.Get(); err != nil {
-		errs = append(errs, err)
-	}
+	c.Policy, err = redelivery.FromEnv()
+	err = errors.Join(err, EnvWorkers.Into(&c.Workers))
 	if drain > 0 {
 		c.DrainTimeout = drain
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return Config{}, err
 	}
 	return c, c.Validate()

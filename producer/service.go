@@ -118,64 +118,36 @@ type Options struct {
 // OptionsFromEnv reads the intake's variables.
 func OptionsFromEnv() (Options, error) {
 	var o Options
-	var errs []error
-	var err error
-	if o.Timeout, err = EnvTimeout.Get(); err != nil {
-		errs = append(errs, err)
-	}
+	errs := []error{EnvTimeout.Into(&o.Timeout)}
 	rateInt, err := EnvRateLimit.Get()
-	if err != nil {
-		errs = append(errs, err)
-	}
 	o.RateLimit = float64(rateInt)
-	if o.RateBurst, err = EnvRateBurst.Get(); err != nil {
-		errs = append(errs, err)
-	}
-	if o.MaxInFlight, err = EnvMaxInFlight.Get(); err != nil {
-		errs = append(errs, err)
-	}
-	if o.MaxStreams, err = EnvMaxStreams.Get(); err != nil {
-		errs = append(errs, err)
-	}
-	if o.MaxStreamsPerClient, err = EnvMaxStreamsPerClient.Get(); err != nil {
-		errs = append(errs, err)
-	}
-	if o.TokenTTL, err = idemtoken.TTLFromEnv(); err != nil {
-		errs = append(errs, err)
-	}
-	return o, errors.Join(errs...)
+	errs = append(errs, err,
+		EnvRateBurst.Into(&o.RateBurst),
+		EnvMaxInFlight.Into(&o.MaxInFlight),
+		EnvMaxStreams.Into(&o.MaxStreams),
+		EnvMaxStreamsPerClient.Into(&o.MaxStreamsPerClient),
+	)
+	o.TokenTTL, err = idemtoken.TTLFromEnv()
+	return o, errors.Join(append(errs, err)...)
 }
 
 func (o *Options) defaults() {
-	if o.Timeout <= 0 {
-		o.Timeout = DefaultTimeout
-	}
-	if o.RateLimit <= 0 {
-		o.RateLimit = DefaultRateLimit
-	}
-	if o.RateBurst <= 0 {
-		o.RateBurst = DefaultRateBurst
-	}
-	if o.MaxInFlight <= 0 {
-		o.MaxInFlight = DefaultMaxInFlight
-	}
-	if o.MaxStreams <= 0 {
-		o.MaxStreams = DefaultMaxStreams
-	}
-	if o.MaxStreamsPerClient <= 0 {
-		o.MaxStreamsPerClient = DefaultMaxStreamsPerClient
-	}
-	if o.AuthFailureRate <= 0 {
-		o.AuthFailureRate = DefaultAuthFailureRate
-	}
-	if o.AuthFailureBurst <= 0 {
-		o.AuthFailureBurst = DefaultAuthFailureBurst
-	}
-	if o.TokenTTL <= 0 {
-		o.TokenTTL = idemtoken.DefaultTTL
-	}
-	if o.InlinePublishTimeout <= 0 {
-		o.InlinePublishTimeout = DefaultInlinePublishTimeout
+	orDefault(&o.Timeout, DefaultTimeout)
+	orDefault(&o.RateLimit, DefaultRateLimit)
+	orDefault(&o.RateBurst, DefaultRateBurst)
+	orDefault(&o.MaxInFlight, DefaultMaxInFlight)
+	orDefault(&o.MaxStreams, DefaultMaxStreams)
+	orDefault(&o.MaxStreamsPerClient, DefaultMaxStreamsPerClient)
+	orDefault(&o.AuthFailureRate, DefaultAuthFailureRate)
+	orDefault(&o.AuthFailureBurst, DefaultAuthFailureBurst)
+	orDefault(&o.TokenTTL, idemtoken.DefaultTTL)
+	orDefault(&o.InlinePublishTimeout, DefaultInlinePublishTimeout)
+}
+
+// orDefault sets *v to def when *v is not positive (unset).
+func orDefault[T int | float64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
 	}
 }
 

@@ -52,6 +52,15 @@ func (s Setting[T]) Get() (T, error) {
 	return s.lookup(os.LookupEnv)
 }
 
+// Into reads the variable into *dst as Get does and returns Get's error,
+// so that a reader of several variables can join the errors and report
+// every bad one at once.
+func (s Setting[T]) Into(dst *T) error {
+	v, err := s.Get()
+	*dst = v
+	return err
+}
+
 func (s Setting[T]) lookup(env func(string) (string, bool)) (T, error) {
 	v, _ := env(s.Name)
 	v = strings.TrimSpace(v)

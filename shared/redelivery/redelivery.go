@@ -51,15 +51,7 @@ func Default() Policy {
 // FromEnv is Default with the variables applied.
 func FromEnv() (Policy, error) {
 	p := Default()
-	var errs []error
-	var err error
-	if p.AckWait, err = EnvAckWait.Get(); err != nil {
-		errs = append(errs, err)
-	}
-	if p.MaxDeliver, err = EnvMaxDeliver.Get(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(EnvAckWait.Into(&p.AckWait), EnvMaxDeliver.Into(&p.MaxDeliver)); err != nil {
 		return Policy{}, err
 	}
 	return p, errors.Join(p.Check()...)
