@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"orderpipe/shared/app"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/tracing"
 )
@@ -136,16 +137,6 @@ func (s *subscriber) provision(ctx context.Context) (jetstream.Consumer, error) 
 // runs out (and burns a delivery attempt). After an error it provisions the
 // consumer (and the stream) again.
 func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- *message.Message) {
-	pause := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
 	free := make(chan struct{}, s.cfg.Workers)
 	for range s.cfg.Workers {
 		free <- struct{}{}
@@ -159,7 +150,7 @@ func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out cha
 			cancel()
 			if err != nil {
 				s.logger.Debug("provision durable consumer", slog.String("consumer", s.cc.Durable), slog.Any("error", err))
-				if !pause(time.Second) {
+				if !app.Sleep(ctx, time.Second) {
 					return
 				}
 				continue
@@ -197,7 +188,7 @@ func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out cha
 		if err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			s.logger.Warn("JetStream fetch", slog.String("consumer", s.cc.Durable), slog.Any("error", err))
 			cons = nil // provision it again: it, or its stream, may be gone
-			if !pause(500 * time.Millisecond) {
+			if !app.Sleep(ctx, 500*time.Millisecond) {
 				return
 			}
 		}

@@ -213,3 +213,19 @@ func ServeListener(ctx context.Context, l net.Listener, h http.Handler, logger *
 	}
 	return nil
 }
+
+// Sleep waits d or until ctx ends; it reports whether d passed (false at
+// once when ctx has ended).
+func Sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

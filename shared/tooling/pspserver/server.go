@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"orderpipe/shared/app"
 	"orderpipe/shared/psp"
 )
 
@@ -185,7 +186,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 		s.storeFailed(w, "record charge", err)
 		return
 	}
-	if !sleepCtx(ctx, s.opts.Latency) {
+	if !app.Sleep(ctx, s.opts.Latency) {
 		// The caller gave up before anything was decided: forget the key.
 		_, _ = s.pool.Exec(context.WithoutCancel(ctx), `DELETE FROM psp_charges WHERE idempotency_key = $1 AND state = 'in_flight'`, key)
 		return
@@ -205,7 +206,7 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.logger.Info("psp: charged, now not answering", slog.String("key", key), slog.String("charge_id", chargeID))
-		sleepCtx(ctx, s.opts.Hang)
+		app.Sleep(ctx, s.opts.Hang)
 		panic(http.ErrAbortHandler) // drop the connection without an answer
 	default:
 		if !s.finishCharge(w, ctx, key, psp.StatusSucceeded, "") {
@@ -348,7 +349,7 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if !sleepCtx(ctx, s.opts.Latency) {
+	if !app.Sleep(ctx, s.opts.Latency) {
 		_, _ = s.pool.Exec(context.WithoutCancel(ctx), `DELETE FROM psp_refunds WHERE idempotency_key = $1 AND state = 'in_flight'`, key)
 		return
 	}
@@ -381,7 +382,7 @@ func (s *Server) void(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
 	}
-	if !sleepCtx(ctx, s.opts.Latency) {
+	if !app.Sleep(ctx, s.opts.Latency) {
 		return
 	}
 	if s.draw(false) == outcomeError {
@@ -446,21 +447,6 @@ func (s *Server) void(w http.ResponseWriter, r *http.Request) {
 func (s *Server) storeFailed(w http.ResponseWriter, what string, err error) {
 	s.logger.Warn("psp: store", slog.String("op", what), slog.Any("error", err))
 	problem(w, http.StatusServiceUnavailable, "unavailable", what+": storage unavailable")
-}
-
-// sleepCtx waits d or until ctx ends; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
