@@ -62,12 +62,7 @@ func OrdersCommand() cli.Command {
 			default:
 				return cli.Usagef("orders: unknown subcommand %q (want inspect or stats)", sub)
 			}
-			pool, err := postgres.OpenConfig(ctx, inv.Config)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			return run(pool)
+			return cli.WithPool(ctx, inv, run)
 		},
 	}
 }

@@ -11,12 +11,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/app"
 	"orderpipe/shared/callbackurl"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
-	"orderpipe/shared/postgres"
 )
 
 // Environment variables of the delivery worker.
@@ -102,7 +102,7 @@ func runCommand(ctx context.Context, inv cli.Invocation) error {
 		if err != nil {
 			return cli.Usagef("webhooks list: --order %q is not a UUID", *order)
 		}
-		return withPool(ctx, inv, func(q postgres.DB) error {
+		return cli.WithPool(ctx, inv, func(q *pgxpool.Pool) error {
 			ds, err := List(ctx, q, id)
 			if err != nil {
 				return err
@@ -125,7 +125,7 @@ func runCommand(ctx context.Context, inv cli.Invocation) error {
 		if _, _, err := ParseID(args[0]); err != nil {
 			return cli.Usagef("webhooks resend: %v", err)
 		}
-		return withPool(ctx, inv, func(q postgres.DB) error {
+		return cli.WithPool(ctx, inv, func(q *pgxpool.Pool) error {
 			d, err := Resend(ctx, q, args[0])
 			if err != nil {
 				return err
@@ -136,15 +136,6 @@ func runCommand(ctx context.Context, inv cli.Invocation) error {
 	default:
 		return cli.Usagef("unknown subcommand %q: want list or resend", sub)
 	}
-}
-
-func withPool(ctx context.Context, inv cli.Invocation, f func(postgres.DB) error) error {
-	pool, err := postgres.OpenConfig(ctx, inv.Config)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	return f(pool)
 }
 
 func printTable(w io.Writer, ds []Delivery) error {

@@ -13,8 +13,11 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
+	"orderpipe/shared/postgres"
 )
 
 // Command is one `orderpipe <name>` subcommand.
@@ -64,6 +67,18 @@ func PrintEnv(w io.Writer, names []string) {
 		}
 		fmt.Fprintf(w, "  %-34s %s%s\n", n, v.Meaning, def)
 	}
+}
+
+// WithPool opens the PostgreSQL pool of inv's Config (DATABASE_URL), runs f
+// with it and closes it: the body of a command that only needs the
+// database, once its command line was checked.
+func WithPool(ctx context.Context, inv Invocation, f func(*pgxpool.Pool) error) error {
+	pool, err := postgres.OpenConfig(ctx, inv.Config)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return f(pool)
 }
 
 // UsageError is returned for a bad command line; main prints the usage.
