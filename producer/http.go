@@ -660,11 +660,7 @@ func (a *API) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := a.svc.Get(r.Context(), c.ID, id)
-	if err != nil {
-		a.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, o)
+	a.writeOK(w, r, o, err)
 }
 
 // getByRequestID is GET /v1/orders?request_id=X.
@@ -681,9 +677,14 @@ func (a *API) getByRequestID(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := a.svc.GetByRequestID(r.Context(), c.ID, rid)
+	a.writeOK(w, r, o, err)
+}
+
+// writeOK writes v with 200 OK, or err as a problem when err is not nil.
+func (a *API) writeOK(w http.ResponseWriter, r *http.Request, v any, err error) {
 	if err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, o)
+	writeJSON(w, http.StatusOK, v)
 }
