@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -148,6 +149,22 @@ func (s *Server) draw(charge bool) outcome {
 	return outcomeSucceed
 }
 
+// readRequest reads a request's Idempotency-Key header and its body with
+// decode; when either is bad it answers 400 and reports false.
+func readRequest[T any](w http.ResponseWriter, r *http.Request, decode func(io.Reader) (T, error)) (key string, req T, ok bool) {
+	key = r.Header.Get(psp.HeaderIdempotencyKey)
+	if !psp.ValidKey(key) {
+		problem(w, http.StatusBadRequest, "invalid_request", "Idempotency-Key header must be 1-255 printable characters")
+		return "", req, false
+	}
+	req, err := decode(http.MaxBytesReader(w, r.Body, psp.MaxBodyBytes))
+	if err != nil {
+		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
+		return "", req, false
+	}
+	return key, req, true
+}
+
 func fingerprint(parts ...string) []byte {
 	h := sha256.New()
 	for _, p := range parts {
@@ -159,26 +176,19 @@ func fingerprint(parts ...string) []byte {
 
 func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	key := r.Header.Get(psp.HeaderIdempotencyKey)
-	if !psp.ValidKey(key) {
-		problem(w, http.StatusBadRequest, "invalid_request", "Idempotency-Key header must be 1-255 printable characters")
-		return
-	}
-	req, err := psp.DecodeCharge(http.MaxBytesReader(w, r.Body, psp.MaxBodyBytes))
-	if err != nil {
-		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
+	key, req, ok := readRequest(w, r, psp.DecodeCharge)
+	if !ok {
 		return
 	}
 	fp := fingerprint("charge", req.Amount, req.Currency, req.Reference)
 	chargeID := "ch_" + uuid.NewString()
 	var inserted bool
-	err = s.pool.QueryRow(ctx, `
+	err := s.pool.QueryRow(ctx, `
 		INSERT INTO psp_charges (idempotency_key, fingerprint, state, charge_id, amount, currency, reference)
 		VALUES ($1, $2, 'in_flight', $3, $4::numeric, $5, $6)
 		ON CONFLICT (idempotency_key) DO NOTHING
 		RETURNING true`, key, fp, chargeID, req.Amount, req.Currency, req.Reference).Scan(&inserted)
 	if errors.Is(err, pgx.ErrNoRows) {
-		var ok bool
 		if chargeID, ok = s.repeat(w, r, "psp_charges", "charge_id", key, fp); !ok {
 			return
 		}
@@ -290,14 +300,8 @@ func reasonCol(table string) string {
 
 func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	key := r.Header.Get(psp.HeaderIdempotencyKey)
-	if !psp.ValidKey(key) {
-		problem(w, http.StatusBadRequest, "invalid_request", "Idempotency-Key header must be 1-255 printable characters")
-		return
-	}
-	req, err := psp.DecodeRefund(http.MaxBytesReader(w, r.Body, psp.MaxBodyBytes))
-	if err != nil {
-		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
+	key, req, ok := readRequest(w, r, psp.DecodeRefund)
+	if !ok {
 		return
 	}
 	fp := fingerprint("refund", req.ChargeID)
@@ -344,7 +348,6 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if exists {
-		var ok bool
 		if refundID, ok = s.repeat(w, r, "psp_refunds", "refund_id", key, fp); !ok {
 			return
 		}
@@ -372,14 +375,8 @@ func (s *Server) refund(w http.ResponseWriter, r *http.Request) {
 // answers its stored outcome; a key in flight answers 409.
 func (s *Server) void(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	key := r.Header.Get(psp.HeaderIdempotencyKey)
-	if !psp.ValidKey(key) {
-		problem(w, http.StatusBadRequest, "invalid_request", "Idempotency-Key header must be 1-255 printable characters")
-		return
-	}
-	req, err := psp.DecodeVoid(http.MaxBytesReader(w, r.Body, psp.MaxBodyBytes))
-	if err != nil {
-		problem(w, http.StatusBadRequest, "invalid_request", err.Error())
+	key, req, ok := readRequest(w, r, psp.DecodeVoid)
+	if !ok {
 		return
 	}
 	if !app.Sleep(ctx, s.opts.Latency) {
