@@ -71,8 +71,8 @@ var (
 		"Non-terminal orders past their state's deadline, by status, at the compensator's last pass.", "status")
 
 	// OldestOpenOrderAge is the age of the oldest non-terminal order.
-	OldestOpenOrderAge = gauge("orderpipe_oldest_open_order_age_seconds",
-		"Age of the oldest non-terminal order at the compensator's last pass (0 when none).")
+	OldestOpenOrderAge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "orderpipe_oldest_open_order_age_seconds",
+		Help: "Age of the oldest non-terminal order at the compensator's last pass (0 when none)."})
 
 	// CompensatorActions counts what the compensator did.
 	CompensatorActions = counterVec("orderpipe_compensator_actions_total",
@@ -80,16 +80,16 @@ var (
 
 	// CompensatorBrokerUp is 1 when the compensator's last pass reached the
 	// broker, 0 when it could not (and so re-drove and unwound nothing).
-	CompensatorBrokerUp = gauge("orderpipe_compensator_broker_up",
-		"1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing.")
+	CompensatorBrokerUp = prometheus.NewGauge(prometheus.GaugeOpts{Name: "orderpipe_compensator_broker_up",
+		Help: "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing."})
 
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
 	WebhookDeliveries = counterVec("orderpipe_webhook_deliveries_total",
 		"Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).", "outcome")
 
 	// TokensIssued counts idempotency tokens issued by the intake.
-	TokensIssued = counter("orderpipe_idempotency_tokens_issued_total",
-		"Idempotency tokens issued (POST /v1/idempotency-tokens, MCP new_order_token).")
+	TokensIssued = prometheus.NewCounter(prometheus.CounterOpts{Name: "orderpipe_idempotency_tokens_issued_total",
+		Help: "Idempotency tokens issued (POST /v1/idempotency-tokens, MCP new_order_token)."})
 
 	// Tokens is the number of idempotency tokens by state (unused,
 	// processing, used, expired), as of the compensator's last pass.
@@ -101,27 +101,19 @@ var (
 		"Events published from the outbox, by path: inline (right after commit) or relay (a later pass).", "path")
 )
 
-// The constructors keep each definition to its name, help text, buckets
-// and labels.
-
-func counter(name, help string) prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
-}
+// The constructors of the labelled collectors keep each definition to its
+// name, help text, buckets and labels.
 
 func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 }
 
-func gauge(name, help string) prometheus.Gauge {
-	return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+func histogramVec(name string, buckets []float64, help string, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
 }
 
 func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
 	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
-}
-
-func histogramVec(name string, buckets []float64, help string, labels ...string) *prometheus.HistogramVec {
-	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
 }
 
 // Collectors returns every orderpipe collector.

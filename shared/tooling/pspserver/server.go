@@ -280,11 +280,7 @@ func (s *Server) repeat(w http.ResponseWriter, r *http.Request, table, idCol, ke
 		problem(w, http.StatusConflict, "in_flight", "the request with this key is being processed; retry later")
 		return "", false
 	case psp.StatusDeclined:
-		a := psp.Answer{ID: id, Status: psp.StatusDeclined}
-		if reason != nil {
-			a.Reason = *reason
-		}
-		writeJSON(w, http.StatusPaymentRequired, a)
+		writeJSON(w, http.StatusPaymentRequired, declined(id, reason))
 	default:
 		writeJSON(w, http.StatusCreated, psp.Answer{ID: id, Status: psp.StatusSucceeded})
 	}
@@ -431,11 +427,7 @@ func (s *Server) void(w http.ResponseWriter, r *http.Request) {
 	case psp.StatusVoided:
 		writeJSON(w, http.StatusOK, psp.Answer{Status: psp.StatusVoided})
 	case psp.StatusDeclined:
-		a := psp.Answer{ID: id, Status: psp.StatusDeclined}
-		if reason != nil {
-			a.Reason = *reason
-		}
-		writeJSON(w, http.StatusOK, a)
+		writeJSON(w, http.StatusOK, declined(id, reason))
 	default:
 		writeJSON(w, http.StatusOK, psp.Answer{ID: id, Status: psp.StatusSucceeded})
 	}
@@ -444,6 +436,15 @@ func (s *Server) void(w http.ResponseWriter, r *http.Request) {
 func (s *Server) storeFailed(w http.ResponseWriter, what string, err error) {
 	s.logger.Warn("psp: store", slog.String("op", what), slog.Any("error", err))
 	problem(w, http.StatusServiceUnavailable, "unavailable", what+": storage unavailable")
+}
+
+// declined is the answer of a declined charge, with its reason when known.
+func declined(id string, reason *string) psp.Answer {
+	a := psp.Answer{ID: id, Status: psp.StatusDeclined}
+	if reason != nil {
+		a.Reason = *reason
+	}
+	return a
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
