@@ -33,72 +33,56 @@ var stageBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 9
 var (
 	// IntakeRequests counts order-create requests by outcome. Its ratio
 	// replayed / (created + replayed) is the duplicate request rate.
-	IntakeRequests = counterVec("orderpipe_intake_requests_total",
-		"Order-create requests by outcome: created, replayed, rejected_invalid, rejected_mismatch, unauthenticated, rate_limited, unavailable.", "outcome")
+	IntakeRequests = counterVec("orderpipe_intake_requests_total", "Order-create requests by outcome: created, replayed, rejected_invalid, rejected_mismatch, unauthenticated, rate_limited, unavailable.", "outcome")
 
 	// IntakeDuration is the latency of order-create requests.
-	IntakeDuration = histogramVec("orderpipe_intake_request_duration_seconds", prometheus.DefBuckets,
-		"Latency of order-create requests by outcome.", "outcome")
+	IntakeDuration = histogramVec("orderpipe_intake_request_duration_seconds", prometheus.DefBuckets, "Latency of order-create requests by outcome.", "outcome")
 
 	// UniqueConflicts counts unique-constraint conflicts at insert: a
 	// concurrent duplicate request_id, or a colliding order_no.
-	UniqueConflicts = counterVec("orderpipe_unique_conflicts_total",
-		"Unique-constraint conflicts on order insert, by constraint: request_id or order_no.", "constraint")
+	UniqueConflicts = counterVec("orderpipe_unique_conflicts_total", "Unique-constraint conflicts on order insert, by constraint: request_id or order_no.", "constraint")
 
 	// OrdersFinished counts orders reaching a terminal state.
-	OrdersFinished = counterVec("orderpipe_orders_finished_total",
-		"Orders that reached a terminal state, by status: confirmed, rejected, cancelled.", "status")
+	OrdersFinished = counterVec("orderpipe_orders_finished_total", "Orders that reached a terminal state, by status: confirmed, rejected, cancelled.", "status")
 
 	// StageSeconds is the time from acceptance to an order entering a status.
-	StageSeconds = histogramVec("orderpipe_order_stage_seconds", stageBuckets,
-		"Time from acceptance until the order entered the status.", "status")
+	StageSeconds = histogramVec("orderpipe_order_stage_seconds", stageBuckets, "Time from acceptance until the order entered the status.", "status")
 
 	// HandlerMessages counts messages per consumer handler and outcome.
-	HandlerMessages = counterVec("orderpipe_handler_messages_total",
-		"Messages handled per consumer handler, by outcome: processed, duplicate, retried, dead_lettered.", "handler", "outcome")
+	HandlerMessages = counterVec("orderpipe_handler_messages_total", "Messages handled per consumer handler, by outcome: processed, duplicate, retried, dead_lettered.", "handler", "outcome")
 
 	// HandlerDuration is the latency of one handler run.
-	HandlerDuration = histogramVec("orderpipe_handler_duration_seconds", prometheus.DefBuckets,
-		"Latency of one consumer handler run.", "handler")
+	HandlerDuration = histogramVec("orderpipe_handler_duration_seconds", prometheus.DefBuckets, "Latency of one consumer handler run.", "handler")
 
 	// DeadLetters counts messages put in the dead_letters table.
-	DeadLetters = counterVec("orderpipe_dead_letters_total",
-		"Messages dead-lettered into PostgreSQL, by handler.", "handler")
+	DeadLetters = counterVec("orderpipe_dead_letters_total", "Messages dead-lettered into PostgreSQL, by handler.", "handler")
 
 	// StuckOrders is the number of non-terminal orders past their
 	// state's deadline, by status, as of the compensator's last pass.
-	StuckOrders = gaugeVec("orderpipe_stuck_orders",
-		"Non-terminal orders past their state's deadline, by status, at the compensator's last pass.", "status")
+	StuckOrders = gaugeVec("orderpipe_stuck_orders", "Non-terminal orders past their state's deadline, by status, at the compensator's last pass.", "status")
 
 	// OldestOpenOrderAge is the age of the oldest non-terminal order.
-	OldestOpenOrderAge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "orderpipe_oldest_open_order_age_seconds",
-		Help: "Age of the oldest non-terminal order at the compensator's last pass (0 when none)."})
+	OldestOpenOrderAge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "orderpipe_oldest_open_order_age_seconds", Help: "Age of the oldest non-terminal order at the compensator's last pass (0 when none)."})
 
 	// CompensatorActions counts what the compensator did.
-	CompensatorActions = counterVec("orderpipe_compensator_actions_total",
-		"Compensator actions by kind: redrive, unwind, refund, renotify, heal, skip.", "action")
+	CompensatorActions = counterVec("orderpipe_compensator_actions_total", "Compensator actions by kind: redrive, unwind, refund, renotify, heal, skip.", "action")
 
 	// CompensatorBrokerUp is 1 when the compensator's last pass reached the
 	// broker, 0 when it could not (and so re-drove and unwound nothing).
-	CompensatorBrokerUp = prometheus.NewGauge(prometheus.GaugeOpts{Name: "orderpipe_compensator_broker_up",
-		Help: "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing."})
+	CompensatorBrokerUp = prometheus.NewGauge(prometheus.GaugeOpts{Name: "orderpipe_compensator_broker_up", Help: "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing."})
 
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
-	WebhookDeliveries = counterVec("orderpipe_webhook_deliveries_total",
-		"Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).", "outcome")
+	WebhookDeliveries = counterVec("orderpipe_webhook_deliveries_total", "Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).", "outcome")
 
 	// TokensIssued counts idempotency tokens issued by the intake.
-	TokensIssued = prometheus.NewCounter(prometheus.CounterOpts{Name: "orderpipe_idempotency_tokens_issued_total",
-		Help: "Idempotency tokens issued (POST /v1/idempotency-tokens, MCP new_order_token)."})
+	TokensIssued = prometheus.NewCounter(prometheus.CounterOpts{Name: "orderpipe_idempotency_tokens_issued_total", Help: "Idempotency tokens issued (POST /v1/idempotency-tokens, MCP new_order_token)."})
 
 	// Tokens is the number of idempotency tokens by state (unused,
 	// processing, used, expired), as of the compensator's last pass.
-	Tokens = gaugeVec("orderpipe_idempotency_tokens",
-		"Idempotency tokens by state (unused, processing, used, expired: unused past its expiry, not yet swept), at the compensator's last pass.", "state")
+	Tokens = gaugeVec("orderpipe_idempotency_tokens", "Idempotency tokens by state (unused, processing, used, expired: unused past its expiry, not yet swept), at the compensator's last pass.", "state")
 
 	// OutboxPublished counts events published from the outbox.
-	OutboxPublished = counterVec("orderpipe_outbox_published_total",
-		"Events published from the outbox, by path: inline (right after commit) or relay (a later pass).", "path")
+	OutboxPublished = counterVec("orderpipe_outbox_published_total", "Events published from the outbox, by path: inline (right after commit) or relay (a later pass).", "path")
 )
 
 // The constructors of the labelled collectors keep each definition to its
