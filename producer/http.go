@@ -257,12 +257,7 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 		addr := remoteHost(r)
 		hash := tenant.HashKey(key)
 		if wait, ok := a.failuresLeft(addr); !ok && !a.knownGood(hash) {
-			if r.Method == http.MethodPost {
-				metrics.IntakeRequests.WithLabelValues(metrics.OutcomeRateLimited).Inc()
-			}
-			p := problem.New(problem.RateLimited, "too many requests with unknown API keys from this address")
-			p.RetryAfter = wait
-			problem.Write(w, p)
+			rateLimited(w, r, wait, "too many requests with unknown API keys from this address")
 			return
 		}
 		// Within the request's deadline when it has one (the intake's
@@ -282,16 +277,22 @@ func (a *API) Authenticate(next http.Handler) http.Handler {
 		}
 		a.remember(hash)
 		if wait, ok := a.allow(c); !ok {
-			if r.Method == http.MethodPost {
-				metrics.IntakeRequests.WithLabelValues(metrics.OutcomeRateLimited).Inc()
-			}
-			p := problem.New(problem.RateLimited, "this client is over its request rate")
-			p.RetryAfter = wait
-			problem.Write(w, p)
+			rateLimited(w, r, wait, "this client is over its request rate")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey{}, c)))
 	})
+}
+
+// rateLimited answers 429 (code RateLimited) with Retry-After wait,
+// counting an order-create request as rate limited.
+func rateLimited(w http.ResponseWriter, r *http.Request, wait time.Duration, msg string) {
+	if r.Method == http.MethodPost {
+		metrics.IntakeRequests.WithLabelValues(metrics.OutcomeRateLimited).Inc()
+	}
+	p := problem.New(problem.RateLimited, msg)
+	p.RetryAfter = wait
+	problem.Write(w, p)
 }
 
 func (a *API) unauthenticated(w http.ResponseWriter, r *http.Request, detail string) {
