@@ -137,6 +137,7 @@ var (
 	EnvHTTPAddr              = Register("HTTP_ADDR", "listen address of the part's HTTP server (intake API, or health and metrics)", DefaultHTTPAddr)
 	EnvPSPURL                = Register("PSP_URL", "base URL of the payment provider", "dev: the built-in stand-in")
 	EnvDataDir               = Register("ORDERPIPE_DATA_DIR", "where `dev` keeps its PostgreSQL and JetStream data", DefaultDataDir)
+	EnvDevNATSSyncAlways     = Register("ORDERPIPE_DEV_NATS_SYNC_ALWAYS", "`dev`'s embedded JetStream fsyncs every message before acknowledging it (sync_interval: always) instead of once a second", "off")
 	EnvAllowPrivateCallbacks = Register("ORDERPIPE_ALLOW_PRIVATE_CALLBACKS", "let callback URLs be http and point at private/loopback addresses (dev, tests)", "off")
 	EnvLogFormat             = Register("ORDERPIPE_LOG_FORMAT", "log format: json or text", "json (text in dev)")
 	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", DefaultLogLevel)
@@ -180,6 +181,8 @@ type Config struct {
 	OTLPEndpoint string
 	// DBMaxConns bounds the process's PostgreSQL pool.
 	DBMaxConns int
+	// DevNATSSyncAlways makes `dev`'s embedded broker fsync every message.
+	DevNATSSyncAlways bool
 }
 
 // FromEnv reads Config from the environment with defaults and validates
@@ -216,6 +219,9 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 	var err error
 	if c.DBMaxConns, err = EnvDBMaxConns.lookup(lookup); err != nil {
 		errs = append(errs, err)
+	}
+	if c.DevNATSSyncAlways, err = ParseBool(get(EnvDevNATSSyncAlways, "off")); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", EnvDevNATSSyncAlways, err))
 	}
 	if c.AllowPrivateCallbacks, err = ParseBool(get(EnvAllowPrivateCallbacks, "off")); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", EnvAllowPrivateCallbacks, err))

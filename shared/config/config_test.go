@@ -31,6 +31,7 @@ func TestMalformed(t *testing.T) {
 		EnvLogLevel:              "loud",
 		EnvOTLPEndpoint:          "otel-collector:4318",
 		EnvDBMaxConns.Name:       "0",
+		EnvDevNATSSyncAlways:     "sometimes",
 	}
 	for k, v := range cases {
 		_, err := fromLookup(lookup(map[string]string{k: v}))
