@@ -64,7 +64,7 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, name stri
 	if err := cfg.Require(config.EnvDatabaseURL, config.EnvNATSURL); err != nil {
 		return nil, err
 	}
-	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	pool, err := postgres.OpenSized(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
 	if err != nil {
 		return nil, err
 	}

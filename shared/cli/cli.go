@@ -92,7 +92,7 @@ func Usagef(format string, args ...any) error {
 }
 
 // Common lists the variables every process reads.
-var Common = []string{config.EnvDatabaseURL, config.EnvNATSURL, config.EnvLogFormat, config.EnvLogLevel}
+var Common = []string{config.EnvDatabaseURL, config.EnvDBMaxConns.Name, config.EnvNATSURL, config.EnvLogFormat, config.EnvLogLevel}
 
 // Join returns names and more as one list without repeats.
 func Join(names []string, more ...string) []string {

@@ -77,10 +77,22 @@ func (s Setting[T]) lookup(env func(string) (string, bool)) (T, error) {
 
 // DurationSetting registers a positive duration variable.
 func DurationSetting(name, meaning string, def time.Duration) Setting[time.Duration] {
+	return durationSetting(name, meaning, def, false)
+}
+
+// DurationSettingOrZero registers a duration variable that may be 0.
+func DurationSettingOrZero(name, meaning string, def time.Duration) Setting[time.Duration] {
+	return durationSetting(name, meaning, def, true)
+}
+
+func durationSetting(name, meaning string, def time.Duration, zero bool) Setting[time.Duration] {
 	Register(name, meaning, FormatDuration(def))
 	return Setting[time.Duration]{Name: name, Default: def, parse: func(v string) (time.Duration, error) {
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
+		switch {
+		case zero && (err != nil || d < 0):
+			return 0, errors.New("want a duration like 20ms, or 0")
+		case !zero && (err != nil || d <= 0):
 			return 0, errors.New("want a positive duration like 5s")
 		}
 		return d, nil
@@ -134,11 +146,13 @@ var (
 	EnvHTTPAddr              = Register("HTTP_ADDR", "listen address of the part's HTTP server (intake API, or health and metrics)", DefaultHTTPAddr)
 	EnvPSPURL                = Register("PSP_URL", "base URL of the payment provider", "dev: the built-in stand-in")
 	EnvDataDir               = Register("ORDERPIPE_DATA_DIR", "where `dev` keeps its PostgreSQL and JetStream data", DefaultDataDir)
+	EnvDevNATSSyncAlways     = Register("ORDERPIPE_DEV_NATS_SYNC_ALWAYS", "`dev`'s embedded JetStream fsyncs every message before acknowledging it (sync_interval: always) instead of once a second", "off")
 	EnvAllowPrivateCallbacks = Register("ORDERPIPE_ALLOW_PRIVATE_CALLBACKS", "let callback URLs be http and point at private/loopback addresses (dev, tests)", "off")
 	EnvLogFormat             = Register("ORDERPIPE_LOG_FORMAT", "log format: json or text", "json (text in dev)")
 	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", DefaultLogLevel)
 	EnvStreamReplicas        = Register("ORDERPIPE_STREAM_REPLICAS", "replicas of the ORDERS stream (1, 3 or 5)", strconv.Itoa(DefaultStreamReplicas))
 	EnvOTLPEndpoint          = Register("OTEL_EXPORTER_OTLP_ENDPOINT", "OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318); unset: traces are not exported", "unset")
+	EnvDBMaxConns            = IntSetting("ORDERPIPE_DB_MAX_CONNS", "PostgreSQL connections one process may open (a pool_max_conns parameter in DATABASE_URL wins)", DefaultDBMaxConns, 1)
 	EnvShutdownTimeout       = Register("ORDERPIPE_SHUTDOWN_TIMEOUT", "how long a process drains in-flight work on SIGTERM", FormatDuration(DefaultShutdownTimeout))
 )
 
@@ -151,6 +165,12 @@ const (
 	DefaultLogLevel        = "info"
 	DefaultStreamReplicas  = 1
 	DefaultShutdownTimeout = 20 * time.Second
+	// DefaultDBMaxConns is sized for the work, not the cores: every
+	// in-flight step handler, the intake's batches, the relay and the
+	// compensator each hold a connection while PostgreSQL waits on a WAL
+	// flush, which costs no CPU (pgx's own default, max(4, cores), starved
+	// `dev`'s one process; docs/benchmarks.md has the measurements).
+	DefaultDBMaxConns = 32
 )
 
 // Config is what every process reads from the environment. Parts read
@@ -168,6 +188,10 @@ type Config struct {
 	ShutdownTimeout       time.Duration
 	// OTLPEndpoint is where traces are exported; "" exports none.
 	OTLPEndpoint string
+	// DBMaxConns bounds the process's PostgreSQL pool.
+	DBMaxConns int
+	// DevNATSSyncAlways makes `dev`'s embedded broker fsync every message.
+	DevNATSSyncAlways bool
 }
 
 // FromEnv reads Config from the environment with defaults and validates
@@ -202,6 +226,12 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 		}
 	}
 	var err error
+	if c.DBMaxConns, err = EnvDBMaxConns.lookup(lookup); err != nil {
+		errs = append(errs, err)
+	}
+	if c.DevNATSSyncAlways, err = ParseBool(get(EnvDevNATSSyncAlways, "off")); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", EnvDevNATSSyncAlways, err))
+	}
 	if c.AllowPrivateCallbacks, err = ParseBool(get(EnvAllowPrivateCallbacks, "off")); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", EnvAllowPrivateCallbacks, err))
 	}

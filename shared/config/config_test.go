@@ -16,7 +16,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.HTTPAddr != ":8080" || c.DataDir != ".data" || c.StreamReplicas != 1 || c.AllowPrivateCallbacks {
+	if c.HTTPAddr != ":8080" || c.DataDir != ".data" || c.StreamReplicas != 1 || c.AllowPrivateCallbacks || c.DBMaxConns != DefaultDBMaxConns {
 		t.Fatalf("defaults: %+v", c)
 	}
 }
@@ -30,6 +30,8 @@ func TestMalformed(t *testing.T) {
 		EnvLogFormat:             "xml",
 		EnvLogLevel:              "loud",
 		EnvOTLPEndpoint:          "otel-collector:4318",
+		EnvDBMaxConns.Name:       "0",
+		EnvDevNATSSyncAlways:     "sometimes",
 	}
 	for k, v := range cases {
 		_, err := fromLookup(lookup(map[string]string{k: v}))

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,12 +32,21 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Open creates a pool and pings it, so a wrong URL fails here and not at
-// the first query.
+// Open creates a pool of pgx's default size and pings it, so a wrong URL
+// fails here and not at the first query.
 func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	return OpenSized(ctx, url, 0)
+}
+
+// OpenSized is Open with a pool of at most maxConns connections (0: pgx's
+// default), unless url sets pool_max_conns itself.
+func OpenSized(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if maxConns > 0 && !strings.Contains(url, "pool_max_conns=") {
+		cfg.MaxConns = int32(maxConns)
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
@@ -182,5 +192,5 @@ func OpenConfig(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 	if err := cfg.Require(config.EnvDatabaseURL); err != nil {
 		return nil, err
 	}
-	return Open(ctx, cfg.DatabaseURL)
+	return OpenSized(ctx, cfg.DatabaseURL, cfg.DBMaxConns)
 }

@@ -413,3 +413,45 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// TestOpenSized: the pool holds the configured number of connections, a
+// pool_max_conns in the URL wins, and 0 keeps pgx's default.
+func TestOpenSized(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := ctxT(t)
+	sep := "?"
+	if strings.Contains(db.URL, "?") {
+		sep = "&"
+	}
+	for _, c := range []struct {
+		url  string
+		max  int
+		want int32
+	}{
+		{db.URL, 32, 32},
+		{db.URL + sep + "pool_max_conns=3", 32, 3},
+	} {
+		pool, err := postgres.OpenSized(ctx, c.url, c.max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := pool.Config().MaxConns
+		pool.Close()
+		if got != c.want {
+			t.Errorf("OpenSized(%q, %d): MaxConns %d, want %d", c.url, c.max, got, c.want)
+		}
+	}
+	pool, err := postgres.OpenSized(ctx, db.URL, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	def, _ := pgxpool.ParseConfig(db.URL)
+	if pool.Config().MaxConns != def.MaxConns {
+		t.Errorf("OpenSized(url, 0): MaxConns %d, want pgx's default %d", pool.Config().MaxConns, def.MaxConns)
+	}
+	if _, err := postgres.OpenSized(ctx, "postgres://x/?pool_max_conns=zero", 4); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
+		t.Errorf("malformed pool_max_conns: %v", err)
+	}
+}

@@ -34,7 +34,7 @@ func Command(parts []Part) cli.Command {
 		Summary: "run the whole pipeline in one process: managed PostgreSQL, embedded NATS, every part; writes $ORDERPIPE_DATA_DIR/dev.env",
 		Usage:   "",
 		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, config.EnvDataDir,
-			config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout),
+			config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout, config.EnvDevNATSSyncAlways),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
 				return cli.Usagef("dev takes no arguments")

@@ -86,7 +86,7 @@ func Start(ctx context.Context, cfg config.Config, logger *slog.Logger, seeders 
 			port = -1
 		}
 		logger.Info("starting embedded NATS", slog.String("data", filepath.Join(dir, "nats")))
-		s.nats, err = natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats"), Port: port, SyncAlways: false})
+		s.nats, err = natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats"), Port: port, SyncAlways: cfg.DevNATSSyncAlways})
 		if err != nil {
 			return nil, err
 		}

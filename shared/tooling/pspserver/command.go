@@ -67,6 +67,10 @@ func Command() cli.Command {
 	}
 }
 
+// EnvDevLatency is the latency of the stand-in that `orderpipe dev` runs
+// (0 for a zero-latency provider, as `orderpipe bench e2e` wants).
+var EnvDevLatency = config.DurationSettingOrZero("ORDERPIPE_DEV_PSP_LATENCY", "latency the `dev` payment provider stand-in adds to every charge, refund and void (0: none)", 20*time.Millisecond)
+
 // Start runs the payment provider stand-in on a free loopback port until
 // ctx ends (as `orderpipe dev` does) and returns its base URL, unless
 // env.Config.PSPURL names a provider already (then it runs nothing and
@@ -76,7 +80,11 @@ func Start(ctx context.Context, env *app.Env) (url string, wait func() error, er
 		env.Logger.Info("payment provider from PSP_URL", slog.String("url", env.Config.PSPURL))
 		return env.Config.PSPURL, func() error { <-ctx.Done(); return nil }, nil
 	}
-	srv, err := NewServer(env.Pool, Options{Latency: 20 * time.Millisecond}, env.Logger.With(slog.String("part", "psp")))
+	latency, err := EnvDevLatency.Get()
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := NewServer(env.Pool, Options{Latency: latency}, env.Logger.With(slog.String("part", "psp")))
 	if err != nil {
 		return "", nil, err
 	}

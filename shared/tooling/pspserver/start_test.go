@@ -2,6 +2,7 @@ package pspserver_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,5 +44,15 @@ func TestStart(t *testing.T) {
 	cancel()
 	if err := wait(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A malformed ORDERPIPE_DEV_PSP_LATENCY fails the part's start, naming the
+// variable.
+func TestStartMalformedLatency(t *testing.T) {
+	t.Setenv(pspserver.EnvDevLatency.Name, "-5ms")
+	env := testenv.Env(t, testenv.DB(t), nil)
+	if _, _, err := pspserver.Start(t.Context(), env); err == nil || !strings.Contains(err.Error(), pspserver.EnvDevLatency.Name) {
+		t.Fatalf("Start with a negative latency: %v, want an error naming the variable", err)
 	}
 }
