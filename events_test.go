@@ -67,13 +67,13 @@ func TestEventsAsyncAPI(t *testing.T) {
 
 // tailRun is one `orderpipe events tail` running in the background.
 type tailRun struct {
-	stdout, stderr *lockedBuffer
+	stdout, stderr *testenv.Buffer
 	code           chan int
 }
 
 func startTail(t *testing.T, n *testenv.NATSEnv, args ...string) *tailRun {
 	t.Helper()
-	r := &tailRun{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, code: make(chan int, 1)}
+	r := &tailRun{stdout: &testenv.Buffer{}, stderr: &testenv.Buffer{}, code: make(chan int, 1)}
 	args = append([]string{"events", "tail", "--stream", n.Topology.Stream, "--prefix", n.Topology.Prefix}, args...)
 	go func() { r.code <- run(args, r.stdout, r.stderr) }()
 	testenv.WaitFor(t, 10*time.Second, "the tail follows the stream", func() bool {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -26,24 +25,6 @@ import (
 	"orderpipe/shared/tooling/testenv"
 	"orderpipe/shared/tracing"
 )
-
-// lockedBuffer is a log sink that several goroutines write to.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 type hook struct {
 	header http.Header
@@ -77,7 +58,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	}
 	cfg.DatabaseURL, cfg.NATSURL, cfg.HTTPAddr = db.URL, n.URL, addr
 	cfg.AllowPrivateCallbacks, cfg.LogFormat, cfg.LogLevel, cfg.ShutdownTimeout = true, "json", "debug", 5*time.Second
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("process log:\n%s", logs.String())

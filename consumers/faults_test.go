@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,6 +33,54 @@ var lines = []pipetest.Line{{SKU: "SKU-1", Qty: 2}, {SKU: "SKU-2", Qty: 1}}
 func stock(t *testing.T, e *pipetest.Env) {
 	e.Stock(t, "SKU-1", 1000)
 	e.Stock(t, "SKU-2", 1000)
+}
+
+// onOwnNATS is a stocked pipeline environment on a NATS server of the
+// test's own (for tests that stop it or run `orderpipe consumers` on it).
+func onOwnNATS(t *testing.T) (*testenv.NATSServer, *pipetest.Env) {
+	t.Helper()
+	ns := testenv.OwnNATS(t)
+	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
+	stock(t, e)
+	return ns, e
+}
+
+// startConsumers runs `orderpipe consumers` as a child process on e's
+// database and provider and on ns, with env added to its environment. The
+// channel gets its exit.
+func startConsumers(t *testing.T, e *pipetest.Env, ns *testenv.NATSServer, env ...string) (*exec.Cmd, *testenv.Buffer, <-chan error) {
+	t.Helper()
+	cmd := testenv.ChildCommand(nil, append([]string{
+		"DATABASE_URL=" + e.DB.URL,
+		"NATS_URL=" + ns.URL(),
+		"PSP_URL=" + e.PSPURL,
+		"HTTP_ADDR=127.0.0.1:0",
+		"ORDERPIPE_LOG_LEVEL=warn",
+	}, env...)...)
+	out := &testenv.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return cmd, out, done
+}
+
+// waitExit waits up to timeout for the child's exit and returns it; after
+// that it kills the child and reports exited false.
+func waitExit(t *testing.T, cmd *exec.Cmd, done <-chan error, timeout time.Duration) (exited bool, err error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		return true, err
+	case <-time.After(timeout):
+		_ = cmd.Process.Kill()
+		if err := <-done; err != nil {
+			t.Logf("killed child: %v", err)
+		}
+		return false, nil
+	}
 }
 
 // TestDuplicatesInjected republishes every message of the stream twice
@@ -101,43 +148,21 @@ func TestDuplicatesInjected(t *testing.T) {
 // orders: nothing is done twice, nothing is lost.
 func TestCrashAfterCommitAndAfterCharge(t *testing.T) {
 	t.Parallel()
-	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
-	stock(t, e)
+	ns, e := onOwnNATS(t)
 	var ids []uuid.UUID
 	for range 5 {
 		ids = append(ids, e.CreateOrder(t, "20.00", lines...))
 	}
 	crash := func(failpoints string) {
 		t.Helper()
-		cmd := testenv.ChildCommand(nil,
-			"DATABASE_URL="+e.DB.URL,
-			"NATS_URL="+ns.URL(),
-			"PSP_URL="+e.PSPURL,
-			"HTTP_ADDR=127.0.0.1:0",
-			"ORDERPIPE_CONSUMER_ACK_WAIT=1s",
-			"ORDERPIPE_LOG_LEVEL=warn",
-			failpoint.EnvVar+"="+failpoints,
-		)
-		var out strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != failpoint.ExitCode {
-				t.Fatalf("child with %s: %v, want exit %d; output:\n%s", failpoints, err, failpoint.ExitCode, out.String())
-			}
-		case <-time.After(60 * time.Second):
-			_ = cmd.Process.Kill()
-			if err := <-done; err != nil {
-				t.Logf("killed child: %v", err)
-			}
+		cmd, out, done := startConsumers(t, e, ns, "ORDERPIPE_CONSUMER_ACK_WAIT=1s", failpoint.EnvVar+"="+failpoints)
+		exited, err := waitExit(t, cmd, done, 60*time.Second)
+		if !exited {
 			t.Fatalf("child with %s did not reach its failpoint; output:\n%s", failpoints, out.String())
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != failpoint.ExitCode {
+			t.Fatalf("child with %s: %v, want exit %d; output:\n%s", failpoints, err, failpoint.ExitCode, out.String())
 		}
 	}
 	crash(consumers.FailAfterCommit + "=exit")
@@ -184,9 +209,7 @@ func TestFailpointsInProcess(t *testing.T) {
 // outbox), and starts it again.
 func TestNATSRestartedMidStream(t *testing.T) {
 	t.Parallel()
-	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
-	stock(t, e)
+	ns, e := onOwnNATS(t)
 	cfg := pipetest.Config()
 	r := pipetest.Start(t, e.App, cfg, e.Steps(5*time.Second)...)
 	r.P.Relay().Interval = 200 * time.Millisecond
@@ -329,18 +352,8 @@ func TestThousandOrders(t *testing.T) {
 // lets it work, and stops it with SIGTERM: it drains and exits 0.
 func TestCommandDrainsOnSIGTERM(t *testing.T) {
 	t.Parallel()
-	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
-	stock(t, e)
-	cmd := testenv.ChildCommand(nil, "DATABASE_URL="+e.DB.URL, "NATS_URL="+ns.URL(),
-		"PSP_URL="+e.PSPURL, "HTTP_ADDR=127.0.0.1:0", "ORDERPIPE_LOG_LEVEL=warn", "ORDERPIPE_SHUTDOWN_TIMEOUT=10s")
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	ns, e := onOwnNATS(t)
+	cmd, out, done := startConsumers(t, e, ns, "ORDERPIPE_SHUTDOWN_TIMEOUT=10s")
 	for range 10 {
 		e.CreateOrder(t, "2.00", lines...)
 	}
@@ -348,17 +361,12 @@ func TestCommandDrainsOnSIGTERM(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("consumers after SIGTERM: %v; output:\n%s", err, out.String())
-		}
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		if err := <-done; err != nil {
-			t.Logf("killed: %v", err)
-		}
+	exited, err := waitExit(t, cmd, done, 30*time.Second)
+	if !exited {
 		t.Fatalf("consumers did not stop within 30s of SIGTERM; output:\n%s", out.String())
+	}
+	if err != nil {
+		t.Fatalf("consumers after SIGTERM: %v; output:\n%s", err, out.String())
 	}
 	e.CheckInvariants(t)
 }
