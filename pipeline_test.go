@@ -74,8 +74,8 @@ func TestPipelineEndToEnd(t *testing.T) {
 			}
 		}
 	})
-	env := &app.Env{Config: cfg, Logger: app.NewLogger(cfg, logs), Pool: db.Pool, NC: n.Conn, JS: n.JS,
-		Topology: n.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, db, n)
+	env.Config, env.Logger = cfg, app.NewLogger(cfg, logs)
 
 	// The parts live until stop (a cleanup) cancels them, after the
 	// receiver and the other later cleanups: not t.Context(), which ends

@@ -15,8 +15,6 @@ import (
 	"orderpipe/consumers/confirm"
 	"orderpipe/consumers/inventory"
 	"orderpipe/consumers/payment"
-	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tooling/pspserver"
@@ -77,8 +75,8 @@ func newPipeline(w *world, maxDeliver int) *pipeline {
 func (p *pipeline) Start() {
 	t := p.w.t
 	t.Helper()
-	env := &app.Env{Config: config.Config{DatabaseURL: p.w.db.URL, NATSURL: p.w.nats.URL, PSPURL: p.url, ShutdownTimeout: 10 * time.Second},
-		Logger: testenv.Logger(t), Pool: p.w.db.Pool, NC: p.w.nats.Conn, JS: p.w.nats.JS, Topology: p.w.nats.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, p.w.db, p.w.nats)
+	env.Config.PSPURL, env.Config.ShutdownTimeout = p.url, 10*time.Second
 	pl, err := consumers.Build(env, p.cfg, inventory.Step(), payment.Step(p.w.db.Pool, psp.NewClient(p.url, 5*time.Second)), confirm.Step())
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,6 @@ import (
 
 	"orderpipe/producer"
 	"orderpipe/producer/client"
-	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/orderevent"
@@ -196,8 +194,7 @@ func TestNATSDownKeepsAccepting(t *testing.T) {
 	if _, err := natsjs.EnsureStream(t.Context(), js, topo, 1); err != nil {
 		t.Fatal(err)
 	}
-	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t), Pool: db.Pool,
-		NC: nc, JS: js, Topology: topo, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, db, &testenv.NATSEnv{URL: ns.URL(), Topology: topo, Conn: nc, JS: js})
 	h := &harness{t: t, env: env, pool: db.Pool, js: js, topo: topo}
 	h.srv = newServer(t, producer.Handler(env, producer.Options{}))
 	h.creds = h.newClient("shop")

@@ -25,7 +25,6 @@ import (
 	"orderpipe/consumers/payment"
 	"orderpipe/consumers/step"
 	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
@@ -73,8 +72,8 @@ func NewOn(t testing.TB, db *testenv.Database, n *testenv.NATSEnv, opts pspserve
 	t.Helper()
 	e := &Env{DB: db, NATS: n, Initial: map[string]int64{}}
 	e.PSPURL = ServePSP(t, e, opts)
-	cfg := config.Config{DatabaseURL: db.URL, NATSURL: n.URL, PSPURL: e.PSPURL, ShutdownTimeout: 10 * time.Second}
-	e.App = &app.Env{Config: cfg, Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	e.App = testenv.Env(t, db, n)
+	e.App.Config.PSPURL, e.App.Config.ShutdownTimeout = e.PSPURL, 10*time.Second
 	e.ClientID = uuid.New()
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
