@@ -43,7 +43,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	db, n := testenv.DB(t), testenv.NATS(t)
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) }) // t.Context() is done in a cleanup
 	tracing.Install(tp)
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -60,7 +60,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	cfg.AllowPrivateCallbacks, cfg.LogFormat, cfg.LogLevel, cfg.ShutdownTimeout = true, "json", "debug", 5*time.Second
 	logs := &testenv.Buffer{}
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() { // context.Background below: t.Context() is done in a cleanup
 			t.Logf("process log:\n%s", logs.String())
 			if st, err := n.JS.Stream(context.Background(), n.Topology.Stream); err == nil {
 				info, _ := st.Info(context.Background())

@@ -81,7 +81,7 @@ func (p *pipeline) Start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background()) // stopped by Stop, a cleanup, which t.Context() would precede
 	p.stop, p.done, p.alive = cancel, make(chan error, 1), true
 	go func() { p.done <- pl.Run(ctx) }()
 	select {

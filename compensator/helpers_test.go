@@ -59,7 +59,7 @@ func newWorld(t *testing.T) *world {
 
 func (w *world) exec(sql string, args ...any) {
 	w.t.Helper()
-	if _, err := w.db.Pool.Exec(context.Background(), sql, args...); err != nil {
+	if _, err := w.db.Pool.Exec(w.t.Context(), sql, args...); err != nil {
 		w.t.Fatalf("%s: %v", sql, err)
 	}
 }
@@ -67,7 +67,7 @@ func (w *world) exec(sql string, args ...any) {
 func (w *world) int(sql string, args ...any) int {
 	w.t.Helper()
 	var n int
-	if err := w.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+	if err := w.db.Pool.QueryRow(w.t.Context(), sql, args...).Scan(&n); err != nil {
 		w.t.Fatalf("%s: %v", sql, err)
 	}
 	return n
@@ -76,7 +76,7 @@ func (w *world) int(sql string, args ...any) int {
 func (w *world) str(sql string, args ...any) string {
 	w.t.Helper()
 	var s string
-	if err := w.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&s); err != nil {
+	if err := w.db.Pool.QueryRow(w.t.Context(), sql, args...).Scan(&s); err != nil {
 		w.t.Fatalf("%s: %v", sql, err)
 	}
 	return s
@@ -103,7 +103,7 @@ func (w *world) comp(cfg compensator.Config, provider *psp.Client) *compensator.
 
 func (w *world) pass(c *compensator.Compensator) compensator.Result {
 	w.t.Helper()
-	res, err := c.RunOnce(context.Background())
+	res, err := c.RunOnce(w.t.Context())
 	if err != nil {
 		w.t.Fatalf("pass: %v", err)
 	}
@@ -126,7 +126,7 @@ type spec struct {
 // left it in s.status, with its outbox events published, and returns its id.
 func (w *world) newOrder(s spec) uuid.UUID {
 	w.t.Helper()
-	ctx := context.Background()
+	ctx := w.t.Context()
 	id := uuid.Must(uuid.NewV7())
 	rid := "r" + strings.ReplaceAll(id.String(), "-", "")[:20]
 	var outboxIDs []int64
@@ -205,7 +205,7 @@ func (w *world) status(id uuid.UUID) order.Status {
 // about the order, in stream order.
 func (w *world) msgIDs(id uuid.UUID) []string {
 	w.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(w.t.Context(), 10*time.Second)
 	defer cancel()
 	cons, err := w.nats.JS.OrderedConsumer(ctx, w.nats.Topology.Stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {

@@ -60,7 +60,7 @@ func newServer(t *testing.T, handler http.Handler) *httptest.Server {
 
 func (h *harness) newClient(name string) tenant.Credentials {
 	h.t.Helper()
-	c, err := tenant.Create(context.Background(), h.pool, name)
+	c, err := tenant.Create(h.t.Context(), h.pool, name)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func (h *harness) post(body string, headers ...string) response {
 func (h *harness) count(sql string, args ...any) int {
 	h.t.Helper()
 	var n int
-	if err := h.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+	if err := h.pool.QueryRow(h.t.Context(), sql, args...).Scan(&n); err != nil {
 		h.t.Fatal(err)
 	}
 	return n

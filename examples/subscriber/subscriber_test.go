@@ -52,6 +52,7 @@ func runChild() int {
 			}
 		}
 	}
+	// The child process runs no test: it has no t.Context().
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return run(ctx, os.Args[1:], os.Getenv, os.Stderr)

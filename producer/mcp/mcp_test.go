@@ -90,7 +90,7 @@ func (h *harness) inMemory(p *progress) *sdk.ClientSession {
 		h.t.Fatal(err)
 	}
 	st, ct := sdk.NewInMemoryTransports()
-	ctx := context.Background()
+	ctx := context.Background() // the sessions are closed by a cleanup, which t.Context() would precede
 	ss, err := srv.Connect(ctx, st, nil)
 	if err != nil {
 		h.t.Fatal(err)
@@ -128,7 +128,7 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // /mcp) and connects a client to /mcp with the harness's API key.
 func (h *harness) overHTTP(p *progress) (*sdk.ClientSession, *httptest.Server) {
 	h.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
 	clientID := func(r *http.Request) (uuid.UUID, bool) {
 		c, ok := producer.ClientFrom(r.Context())
 		return c.ID, ok
@@ -143,6 +143,7 @@ func (h *harness) overHTTP(p *progress) (*sdk.ClientSession, *httptest.Server) {
 	h.t.Cleanup(srv.Close)
 	tr := &http.Transport{}
 	h.t.Cleanup(tr.CloseIdleConnections)
+	// The session is closed by a cleanup, which t.Context() would precede.
 	cs, err := newClient(p).Connect(context.Background(), &sdk.StreamableClientTransport{
 		Endpoint:   srv.URL + mcp.Path,
 		HTTPClient: &http.Client{Transport: bearer{key: h.creds.APIKey, next: tr}},
@@ -208,8 +209,8 @@ func createArgs(requestID string) map[string]any {
 
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
 	h.t.Helper()
-	err := pgx.BeginFunc(context.Background(), h.pool, func(tx pgx.Tx) error {
-		_, err := orderstore.Transition(context.Background(), tx, id, from, to, "")
+	err := pgx.BeginFunc(h.t.Context(), h.pool, func(tx pgx.Tx) error {
+		_, err := orderstore.Transition(h.t.Context(), tx, id, from, to, "")
 		return err
 	})
 	if err != nil {
