@@ -71,6 +71,16 @@ func newPipeline(w *world, maxDeliver int) *pipeline {
 	return p
 }
 
+// stoppedPipeline is newPipeline started once, to provision the durable
+// consumers, and stopped.
+func stoppedPipeline(w *world, maxDeliver int) *pipeline {
+	w.t.Helper()
+	p := newPipeline(w, maxDeliver)
+	p.Start()
+	p.Stop()
+	return p
+}
+
 // Start runs the router until Stop (or the end of the test).
 func (p *pipeline) Start() {
 	t := p.w.t
@@ -178,9 +188,7 @@ func TestEventLostInEachStateIsRedrivenToConfirmed(t *testing.T) {
 func TestConsumersDownThenBack(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	p := newPipeline(w, 5)
-	p.Start() // provision the durables
-	p.Stop()
+	p := stoppedPipeline(w, 5)
 	id := w.newOrder(spec{status: order.StatusProcessing, lines: map[string]int{"SKU-1": 1}})
 	w.age(id)
 	if res := w.pass(w.comp(w.cfg(3), w.psp)); res.Redriven != 1 {
@@ -197,19 +205,28 @@ func TestConsumersDownThenBack(t *testing.T) {
 	})
 }
 
+// deadLetteredWhileProviderDown runs the pipeline with the provider down
+// and creates an order of qty SKU-1, whose reserved event the payment step
+// then dead-letters.
+func deadLetteredWhileProviderDown(t *testing.T, qty int) (*world, *pipeline, uuid.UUID) {
+	t.Helper()
+	w := newWorld(t)
+	p := newPipeline(w, 2)
+	p.psp.down.Store(true)
+	p.Start()
+	id := w.newOrder(spec{status: order.StatusProcessing, lines: map[string]int{"SKU-1": qty}})
+	testenv.WaitFor(t, 30*time.Second, "the reserved event dead-lettered", func() bool {
+		return w.int(`SELECT count(*) FROM dead_letters WHERE order_id = $1`, id) == 1
+	})
+	return w, p, id
+}
+
 // The provider is down: the payment step dead-letters the order's reserved
 // event. Once the provider is back, the re-drive gets it charged and
 // confirmed.
 func TestProviderDownThenBackIsRedrivenToConfirmed(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	p := newPipeline(w, 2)
-	p.psp.down.Store(true)
-	p.Start()
-	id := w.newOrder(spec{status: order.StatusProcessing, lines: map[string]int{"SKU-1": 1}})
-	testenv.WaitFor(t, 30*time.Second, "the reserved event dead-lettered", func() bool {
-		return w.int(`SELECT count(*) FROM dead_letters WHERE order_id = $1`, id) == 1
-	})
+	w, p, id := deadLetteredWhileProviderDown(t, 1)
 	if w.status(id) != order.StatusReserved {
 		t.Fatalf("status %s", w.status(id))
 	}
@@ -227,14 +244,7 @@ func TestProviderDownThenBackIsRedrivenToConfirmed(t *testing.T) {
 // is voided once the provider is back: no charge, no refund.
 func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	p := newPipeline(w, 2)
-	p.psp.down.Store(true)
-	p.Start()
-	id := w.newOrder(spec{status: order.StatusProcessing, lines: map[string]int{"SKU-1": 4}})
-	testenv.WaitFor(t, 30*time.Second, "the reserved event dead-lettered", func() bool {
-		return w.int(`SELECT count(*) FROM dead_letters WHERE order_id = $1`, id) == 1
-	})
+	w, p, id := deadLetteredWhileProviderDown(t, 4)
 	down := psp.NewClient(p.url, 5*time.Second)
 	c := w.comp(w.cfg(1), down)
 	w.age(id)
@@ -260,15 +270,7 @@ func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 		t.Fatalf("refund: %+v", res)
 	}
 	w.checkInvariants()
-	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 0 {
-		t.Fatalf("refunds %d, want 0", n)
-	}
-	if n := w.int(`SELECT count(*) FROM psp_charges WHERE state <> 'voided'`); n != 0 {
-		t.Fatalf("charges %d, want 0: an unwind must never charge", n)
-	}
-	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "voided" {
-		t.Fatalf("payment %s, want voided", s)
-	}
+	w.checkVoided(id)
 	if res := w.pass(c); len(res.Actions) != 0 {
 		t.Fatalf("acted again: %+v", res.Actions)
 	}
@@ -282,18 +284,9 @@ func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 func TestTwoCompensatorsRaceTheRouter(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	p := newPipeline(w, 5)
-	p.Start() // provision the durables
-	p.Stop()
+	p := stoppedPipeline(w, 5)
 	const n = 16
-	var ids []uuid.UUID
-	for range n {
-		ids = append(ids, w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"}))
-	}
-	w.age(ids...)
-	cfg := w.cfg(compensator.NoRedrive)
-	cfg.BatchSize = 3
-	a, b := w.comp(cfg, w.psp), w.comp(cfg, w.psp)
+	_, a, b := w.stuckPaid(n, 3)
 	ctx := t.Context()
 	errs := make(chan error, 8)
 	done := make(chan struct{})

@@ -64,22 +64,53 @@ func (w *world) exec(sql string, args ...any) {
 	}
 }
 
-func (w *world) int(sql string, args ...any) int {
+// scalar returns the one value that the query sql selects.
+func scalar[T any](w *world, sql string, args ...any) T {
 	w.t.Helper()
-	var n int
-	if err := w.db.Pool.QueryRow(w.t.Context(), sql, args...).Scan(&n); err != nil {
+	var v T
+	if err := w.db.Pool.QueryRow(w.t.Context(), sql, args...).Scan(&v); err != nil {
 		w.t.Fatalf("%s: %v", sql, err)
 	}
-	return n
+	return v
+}
+
+func (w *world) int(sql string, args ...any) int {
+	w.t.Helper()
+	return scalar[int](w, sql, args...)
 }
 
 func (w *world) str(sql string, args ...any) string {
 	w.t.Helper()
-	var s string
-	if err := w.db.Pool.QueryRow(w.t.Context(), sql, args...).Scan(&s); err != nil {
-		w.t.Fatalf("%s: %v", sql, err)
+	return scalar[string](w, sql, args...)
+}
+
+// checkVoided fails the test unless the order's charge key was voided
+// with nothing charged and nothing refunded at the provider.
+func (w *world) checkVoided(id uuid.UUID) {
+	w.t.Helper()
+	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 0 {
+		w.t.Fatalf("refunds %d, want 0", n)
 	}
-	return s
+	if n := w.int(`SELECT count(*) FROM psp_charges WHERE state <> 'voided'`); n != 0 {
+		w.t.Fatalf("charges %d, want 0: an unwind must never charge", n)
+	}
+	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "voided" {
+		w.t.Fatalf("payment %s, want voided", s)
+	}
+}
+
+// stuckPaid creates n charged orders left paid past their deadline, and
+// two compensators (no re-drive) that take batch orders a pass, to race.
+func (w *world) stuckPaid(n, batch int) ([]uuid.UUID, *compensator.Compensator, *compensator.Compensator) {
+	w.t.Helper()
+	var ids []uuid.UUID
+	for range n {
+		ids = append(ids, w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"}))
+	}
+	w.age(ids...)
+	cfg := w.cfg(compensator.NoRedrive)
+	cfg.BatchSize = batch
+	return ids, w.comp(cfg, w.psp), w.comp(cfg, w.psp)
 }
 
 // cfg is a configuration with one-minute deadlines, for orders aged by
