@@ -3,6 +3,7 @@ package webhook_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,23 +59,33 @@ func startWorker(t *testing.T, w *webhook.Worker) (stop func()) {
 	return stop
 }
 
+// heldSend enqueues one delivery to a holdFirst receiver and starts worker
+// A with lease, one send at a time (saturated while it holds the send: it
+// does not claim again); it returns once A's request is held at the
+// receiver, which is released at the test's end at the latest (before A is
+// stopped).
+func heldSend(t *testing.T, lease time.Duration) (f fixture, rc *holdFirst, srv *httptest.Server, ids []string, stopA func()) {
+	t.Helper()
+	f = setup(t)
+	rc = newHoldFirst()
+	srv, _ = tlsServer(t, rc)
+	_, ids = f.enqueue(t, f.client, srv.URL+"/hooks", 1)
+	a := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv), Timeout: time.Minute}))
+	a.Lease, a.PerClient = lease, 1
+	stopA = startWorker(t, a)
+	t.Cleanup(func() { closeOnce(rc.release) })
+	waitClosed(t, rc.held, "worker A's request at the receiver")
+	return f, rc, srv, ids, stopA
+}
+
 // TestStaleOutcomeIsNotRecorded: worker A claims a delivery and is held
 // past its lease; worker B claims it again and delivers it. A's late
 // outcome (a 500) must change nothing: the row stays delivered with one
 // attempt recorded.
 func TestStaleOutcomeIsNotRecorded(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	rc := newHoldFirst()
-	srv, _ := tlsServer(t, rc)
-	_, ids := f.enqueue(t, f.client, srv.URL+"/hooks", 1)
+	f, rc, srv, ids, stopA := heldSend(t, 100*time.Millisecond)
 	ctx := t.Context()
-
-	a := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv), Timeout: time.Minute}))
-	a.Lease, a.PerClient = 100*time.Millisecond, 1 // saturated while it holds the send: it does not claim again
-	stopA := startWorker(t, a)
-	t.Cleanup(func() { closeOnce(rc.release) }) // before A is stopped
-	waitClosed(t, rc.held, "worker A's request at the receiver")
 
 	b := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv)}))
 	stopB := startWorker(t, b)
@@ -104,17 +115,8 @@ func TestStaleOutcomeIsNotRecorded(t *testing.T) {
 // resend (the row stays pending with attempts 0 and is sent again).
 func TestResendFencesTheSendInFlight(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	rc := newHoldFirst()
-	srv, _ := tlsServer(t, rc)
-	_, ids := f.enqueue(t, f.client, srv.URL+"/hooks", 1)
+	f, rc, _, ids, stopA := heldSend(t, time.Hour)
 	ctx := t.Context()
-
-	a := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv), Timeout: time.Minute}))
-	a.Lease, a.PerClient = time.Hour, 1
-	stopA := startWorker(t, a)
-	t.Cleanup(func() { closeOnce(rc.release) })
-	waitClosed(t, rc.held, "worker A's request at the receiver")
 	if _, err := webhook.Resend(ctx, f.pool, ids[0]); err != nil {
 		t.Fatal(err)
 	}

@@ -79,14 +79,7 @@ func pending(t *testing.T, pool *pgxpool.Pool) int {
 // msgIDs counts the stream's messages per Nats-Msg-Id.
 func msgIDs(t *testing.T, js jetstream.JetStream, stream string) map[string]int {
 	t.Helper()
-	s, err := js.Stream(t.Context(), stream)
-	if err != nil {
-		t.Fatalf("stream: %v", err)
-	}
-	info, err := s.Info(t.Context())
-	if err != nil {
-		t.Fatalf("stream info: %v", err)
-	}
+	s, info := streamInfo(t, js, stream)
 	ids := map[string]int{}
 	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
 		m, err := s.GetMsg(t.Context(), seq)
@@ -103,6 +96,13 @@ func msgIDs(t *testing.T, js jetstream.JetStream, stream string) map[string]int 
 
 func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	t.Helper()
+	_, info := streamInfo(t, js, stream)
+	return info.State.Msgs
+}
+
+// streamInfo returns the stream and its current info.
+func streamInfo(t *testing.T, js jetstream.JetStream, stream string) (jetstream.Stream, *jetstream.StreamInfo) {
+	t.Helper()
 	s, err := js.Stream(t.Context(), stream)
 	if err != nil {
 		t.Fatalf("stream: %v", err)
@@ -111,7 +111,7 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	if err != nil {
 		t.Fatalf("stream info: %v", err)
 	}
-	return info.State.Msgs
+	return s, info
 }
 
 func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
