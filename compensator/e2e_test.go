@@ -50,11 +50,7 @@ type pipeline struct {
 
 func newPipeline(w *world, maxDeliver int) *pipeline {
 	w.t.Helper()
-	srv, err := pspserver.NewServer(w.db.Pool, pspserver.Options{}, testenv.Logger(w.t))
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	f := &flakyPSP{h: srv.Handler()}
+	f := &flakyPSP{h: testenv.PSPHandler(w.t, w.db.Pool, pspserver.Options{})}
 	hs := httptest.NewServer(f)
 	w.t.Cleanup(hs.Close)
 	c := consumers.Default()

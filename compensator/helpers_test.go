@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -43,13 +42,8 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
-	srv, err := pspserver.NewServer(db.Pool, pspserver.Options{}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	w := &world{t: t, db: db, nats: n, psp: psp.NewClient(hs.URL, 5*time.Second), pspURL: hs.URL,
+	pspURL := testenv.ServePSP(t, db.Pool, pspserver.Options{})
+	w := &world{t: t, db: db, nats: n, psp: psp.NewClient(pspURL, 5*time.Second), pspURL: pspURL,
 		relay: &outbox.Relay{Pool: db.Pool, JS: n.JS, Topology: n.Topology, Logger: testenv.Logger(t)}}
 	w.client = uuid.New()
 	w.exec(`INSERT INTO api_clients (client_id, name, api_key_hash, webhook_secret) VALUES ($1, 'c', $2, 's')`, w.client, w.client[:])

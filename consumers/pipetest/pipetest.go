@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -93,13 +92,7 @@ func (e *Env) Quiet(t testing.TB) {
 // its URL.
 func ServePSP(t testing.TB, e *Env, opts pspserver.Options) string {
 	t.Helper()
-	srv, err := pspserver.NewServer(e.DB.Pool, opts, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	return hs.URL
+	return testenv.ServePSP(t, e.DB.Pool, opts)
 }
 
 // Stock sets a SKU's stock and remembers it as initial.

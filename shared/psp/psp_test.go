@@ -34,13 +34,7 @@ func newSetup(t *testing.T) *setup {
 // serve starts a stand-in with opts on the test's database.
 func (s *setup) serve(t *testing.T, opts pspserver.Options) string {
 	t.Helper()
-	srv, err := pspserver.NewServer(s.db.Pool, opts, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	return hs.URL
+	return testenv.ServePSP(t, s.db.Pool, opts)
 }
 
 func (s *setup) count(t *testing.T, q string, args ...any) int {

@@ -5,10 +5,16 @@ import (
 	"context"
 	"flag"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/tooling/pspserver"
 )
 
 // RunCommand runs cmd in-process as cli.Execute would, but on cfg instead
@@ -52,4 +58,24 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// PSPHandler returns the HTTP handler of a payment provider stand-in
+// (pspserver) with opts, storing on pool, logging to the test's log.
+func PSPHandler(t testing.TB, pool *pgxpool.Pool, opts pspserver.Options) http.Handler {
+	t.Helper()
+	srv, err := pspserver.NewServer(pool, opts, Logger(t))
+	if err != nil {
+		t.Fatalf("testenv: payment stand-in: %v", err)
+	}
+	return srv.Handler()
+}
+
+// ServePSP serves PSPHandler over HTTP until the test ends and returns its
+// URL.
+func ServePSP(t testing.TB, pool *pgxpool.Pool, opts pspserver.Options) string {
+	t.Helper()
+	hs := httptest.NewServer(PSPHandler(t, pool, opts))
+	t.Cleanup(hs.Close)
+	return hs.URL
 }
