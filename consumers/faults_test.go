@@ -35,6 +35,14 @@ func stock(t *testing.T, e *pipetest.Env) {
 	e.Stock(t, "SKU-2", 1000)
 }
 
+// createOrders creates n orders of lines, each of amount.
+func createOrders(t *testing.T, e *pipetest.Env, n int, amount string) {
+	t.Helper()
+	for range n {
+		e.CreateOrder(t, amount, lines...)
+	}
+}
+
 // onOwnNATS is a stocked pipeline environment on a NATS server of the
 // test's own (for tests that stop it or run `orderpipe consumers` on it).
 func onOwnNATS(t *testing.T) (*testenv.NATSServer, *pipetest.Env) {
@@ -116,9 +124,7 @@ func TestDuplicatesInjected(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
-	for range 30 {
-		e.CreateOrder(t, "12.34", lines...)
-	}
+	createOrders(t, e, 30, "12.34")
 	e.WaitTerminal(t, 60*time.Second)
 	// Publish every outbox row once more (a relay that lost its stamps).
 	if _, err := e.DB.Pool.Exec(t.Context(), `UPDATE outbox SET published_at = NULL`); err != nil {
@@ -213,17 +219,13 @@ func TestNATSRestartedMidStream(t *testing.T) {
 	cfg := pipetest.Config()
 	r := pipetest.Start(t, e.App, cfg, e.Steps(5*time.Second)...)
 	r.P.Relay().Interval = 200 * time.Millisecond
-	for range 20 {
-		e.CreateOrder(t, "3.00", lines...)
-	}
+	createOrders(t, e, 20, "3.00")
 	ns.Stop()
 	for range 10 {
 		e.InsertOrder(t, "3.00", lines...) // published by the relay once NATS is back
 	}
 	ns.Start()
-	for range 20 {
-		e.CreateOrder(t, "3.00", lines...)
-	}
+	createOrders(t, e, 20, "3.00")
 	e.WaitTerminal(t, 90*time.Second)
 	e.CheckInvariants(t)
 }
@@ -237,17 +239,13 @@ func TestPostgresRestartedMidStream(t *testing.T) {
 	e := pipetest.NewOn(t, db, testenv.NATS(t), pspserver.Options{Latency: 5 * time.Millisecond})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
-	for range 30 {
-		e.CreateOrder(t, "8.00", lines...)
-	}
+	createOrders(t, e, 30, "8.00")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatalf("restart PostgreSQL: %v", err)
 	}
-	for range 10 {
-		e.CreateOrder(t, "8.00", lines...)
-	}
+	createOrders(t, e, 10, "8.00")
 	e.WaitTerminal(t, 120*time.Second)
 	e.CheckInvariants(t)
 }
@@ -259,9 +257,7 @@ func TestProviderDeclinesErrorsAndTimeouts(t *testing.T) {
 	e := pipetest.New(t, pspserver.Options{DeclineRate: 0.25, ErrorRate: 0.25, TimeoutRate: 0.2, Hang: 5 * time.Second, Seed: 42})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(300*time.Millisecond)...)
-	for range 40 {
-		e.CreateOrder(t, "1.50", lines...)
-	}
+	createOrders(t, e, 40, "1.50")
 	e.WaitTerminal(t, 120*time.Second)
 	c := e.Counts(t)
 	if c[order.StatusCancelled] == 0 || c[order.StatusConfirmed] == 0 {
@@ -301,9 +297,7 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 	}
 	pipetest.Start(t, e.App, pipetest.Config(), counted(0)...)
 	pipetest.Start(t, &second, pipetest.Config(), counted(1)...)
-	for range 100 {
-		e.CreateOrder(t, "4.00", lines...)
-	}
+	createOrders(t, e, 100, "4.00")
 	e.WaitTerminal(t, 90*time.Second)
 	if handled[0].Load() == 0 || handled[1].Load() == 0 {
 		t.Errorf("work not shared: %d and %d messages handled", handled[0].Load(), handled[1].Load())
@@ -354,9 +348,7 @@ func TestCommandDrainsOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	ns, e := onOwnNATS(t)
 	cmd, out, done := startConsumers(t, e, ns, "ORDERPIPE_SHUTDOWN_TIMEOUT=10s")
-	for range 10 {
-		e.CreateOrder(t, "2.00", lines...)
-	}
+	createOrders(t, e, 10, "2.00")
 	e.WaitTerminal(t, 60*time.Second)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
