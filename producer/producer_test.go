@@ -134,6 +134,23 @@ func (h *harness) post(body string, headers ...string) response {
 	return h.do("POST", "/v1/orders", body, headers...)
 }
 
+// lockTable holds an ACCESS EXCLUSIVE lock on table, in a transaction of
+// its own, until release (or the end of the test).
+func (h *harness) lockTable(table string) (release func() error) {
+	h.t.Helper()
+	ctx := h.t.Context()
+	lock, err := h.pool.Begin(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	// Rolled back in a cleanup too, where t.Context() is done.
+	h.t.Cleanup(func() { _ = lock.Rollback(context.WithoutCancel(ctx)) })
+	if _, err := lock.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		h.t.Fatal(err)
+	}
+	return func() error { return lock.Rollback(ctx) }
+}
+
 func (h *harness) count(sql string, args ...any) int {
 	h.t.Helper()
 	var n int

@@ -71,6 +71,15 @@ func move(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, from, to order.Status,
 	}
 }
 
+// checkNoDeliveries fails the test if any webhook delivery is stored.
+func checkNoDeliveries(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d deliveries, %v", n, err)
+	}
+}
+
 func TestApplyStoresOneDeliveryPerStatusChange(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
@@ -135,10 +144,7 @@ func TestApplyWithoutCallbackStoresNothing(t *testing.T) {
 	if created, err := handle(t, db.Pool, event(o, order.StatusProcessing, 0)); err != nil || created {
 		t.Fatalf("created=%v err=%v", created, err)
 	}
-	var n int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d deliveries, %v", n, err)
-	}
+	checkNoDeliveries(t, db.Pool)
 }
 
 // TestApplyRefusesEventsWithoutAnOrderOrHistory: a payload that names an
@@ -161,10 +167,7 @@ func TestApplyRefusesEventsWithoutAnOrderOrHistory(t *testing.T) {
 	if _, err := handle(t, db.Pool, event(o, order.StatusPaid, 0)); !errors.Is(err, notify.ErrNoHistory) {
 		t.Errorf("a status the order never had: %v", err)
 	}
-	var n int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d deliveries, %v", n, err)
-	}
+	checkNoDeliveries(t, db.Pool)
 }
 
 // TestApplyNotifiesChangesWhoseEventsWereLost: the broker lost the events

@@ -1,7 +1,6 @@
 package webhook_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -37,27 +36,6 @@ func (h *holdFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// startWorker runs w and returns a stop function that waits for its sends
-// to be recorded (Run returns only then). It also stops at the test's end.
-func startWorker(t *testing.T, w *webhook.Worker) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var stopped atomic.Bool
-	stop = func() {
-		if stopped.Swap(true) {
-			return
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-		w.Client.CloseIdleConnections()
-	}
-	t.Cleanup(stop)
-	return stop
-}
 
 // heldSend enqueues one delivery to a holdFirst receiver and starts worker
 // A with lease, one send at a time (saturated while it holds the send: it

@@ -30,7 +30,7 @@ func TestFailedDeliveryKeepsTheQueryOutOfLogsAndAttempts(t *testing.T) {
 	w := fastWorker(t, f.pool, client)
 	w.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	w.Schedule = []time.Duration{10 * time.Millisecond}
-	run(t, w)
+	startWorker(t, w)
 	ctx := t.Context()
 	testenv.WaitFor(t, 20*time.Second, "the delivery failed", func() bool {
 		d, err := webhook.Get(ctx, f.pool, ids[0])

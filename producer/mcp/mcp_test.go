@@ -107,10 +107,7 @@ func (h *harness) inMemory(p *progress) *sdk.ClientSession {
 }
 
 func runHub(t *testing.T, hub *orderstream.Hub) {
-	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
-	done := make(chan struct{})
-	go func() { defer close(done); _ = hub.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	testenv.Go(t, "hub", hub.Run)
 }
 
 type bearer struct {

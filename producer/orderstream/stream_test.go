@@ -52,15 +52,7 @@ func replica(t *testing.T, env *app.Env, h *orderstream.Handler) *httptest.Serve
 func runHub(t *testing.T, pool *pgxpool.Pool) *orderstream.Hub {
 	t.Helper()
 	hub := orderstream.NewHub(pool, testenv.Logger(t))
-	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
-	done := make(chan error, 1)
-	go func() { done <- hub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("hub: %v", err)
-		}
-	})
+	testenv.Go(t, "hub", hub.Run)
 	return hub
 }
 

@@ -79,3 +79,25 @@ func ServePSP(t testing.TB, pool *pgxpool.Pool, opts pspserver.Options) string {
 	t.Cleanup(hs.Close)
 	return hs.URL
 }
+
+// Go runs fn in a goroutine until stop, or the end of the test: its
+// context is cancelled by a cleanup, not with t.Context(), which ends
+// before any cleanup runs, so fn serves the cleanups registered after Go.
+// stop cancels it and waits for fn to return; an error from fn fails the
+// test, named what. stop may be called more than once.
+func Go(t testing.TB, what string, fn func(context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
