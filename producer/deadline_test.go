@@ -1,7 +1,6 @@
 package producer_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"testing"
