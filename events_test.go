@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -231,11 +230,7 @@ func TestEventsTailMalformedAndMissing(t *testing.T) {
 // The README's "Subscribing to order events" names every subject and
 // header the code defines.
 func TestReadmeDocumentsTheEvents(t *testing.T) {
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, ok := strings.Cut(string(b), "\n## Subscribing to order events\n")
+	_, sec, ok := strings.Cut(readFile(t, "README.md"), "\n## Subscribing to order events\n")
 	if !ok {
 		t.Fatal("README.md has no section Subscribing to order events")
 	}

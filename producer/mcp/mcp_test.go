@@ -204,6 +204,16 @@ func createArgs(requestID string) map[string]any {
 		"amount": "39.98", "currency": "CNY"}
 }
 
+// orders returns how many orders are stored (a failed query fails the test).
+func (h *harness) orders() int {
+	h.t.Helper()
+	var n int
+	if err := h.pool.QueryRow(h.t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		h.t.Fatalf("count orders: %v", err)
+	}
+	return n
+}
+
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
 	h.t.Helper()
 	err := pgx.BeginFunc(h.t.Context(), h.pool, func(tx pgx.Tx) error {
@@ -400,9 +410,8 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 			t.Fatalf("create without one request_id or token: %s", r.raw)
 		}
 	}
-	var n int
-	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d orders after refused calls (%v)", n, err)
+	if n := h.orders(); n != 0 {
+		t.Fatalf("%d orders after refused calls", n)
 	}
 }
 
@@ -504,9 +513,8 @@ func TestMalformedArguments(t *testing.T) {
 			t.Errorf("wait_for_order %s: %s", name, r.raw)
 		}
 	}
-	var n int
-	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d orders after refused calls (%v)", n, err)
+	if n := h.orders(); n != 0 {
+		t.Fatalf("%d orders after refused calls", n)
 	}
 }
 
@@ -541,9 +549,8 @@ func TestCreateWithToken(t *testing.T) {
 	if r := call(t, cs, mcp.ToolCreateOrder, args, nil); !r.isError || r.problem.Code != 208 || r.problem.Retryable {
 		t.Fatalf("unknown token: %s", r.raw)
 	}
-	var n int
-	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("%d orders (%v), want 1", n, err)
+	if n := h.orders(); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
 	}
 }
 

@@ -79,7 +79,7 @@ func pending(t *testing.T, pool *pgxpool.Pool) int {
 // msgIDs counts the stream's messages per Nats-Msg-Id.
 func msgIDs(t *testing.T, js jetstream.JetStream, stream string) map[string]int {
 	t.Helper()
-	s, info := streamInfo(t, js, stream)
+	s, info := testenv.StreamInfo(t, js, stream)
 	ids := map[string]int{}
 	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
 		m, err := s.GetMsg(t.Context(), seq)
@@ -96,23 +96,10 @@ func msgIDs(t *testing.T, js jetstream.JetStream, stream string) map[string]int 
 
 func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	t.Helper()
-	_, info := streamInfo(t, js, stream)
+	_, info := testenv.StreamInfo(t, js, stream)
 	return info.State.Msgs
 }
 
-// streamInfo returns the stream and its current info.
-func streamInfo(t *testing.T, js jetstream.JetStream, stream string) (jetstream.Stream, *jetstream.StreamInfo) {
-	t.Helper()
-	s, err := js.Stream(t.Context(), stream)
-	if err != nil {
-		t.Fatalf("stream: %v", err)
-	}
-	info, err := s.Info(t.Context())
-	if err != nil {
-		t.Fatalf("stream info: %v", err)
-	}
-	return s, info
-}
 
 func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
 	db := testenv.DB(t)

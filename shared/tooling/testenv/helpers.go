@@ -5,12 +5,14 @@ import (
 	"context"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
@@ -100,4 +102,32 @@ func Go(t testing.TB, what string, fn func(context.Context) error) (stop func())
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// StreamInfo returns the stream of that name and its current info,
+// failing the test if either lookup fails.
+func StreamInfo(t testing.TB, js jetstream.JetStream, stream string) (jetstream.Stream, *jetstream.StreamInfo) {
+	t.Helper()
+	s, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatalf("testenv: stream %s: %v", stream, err)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatalf("testenv: stream %s info: %v", stream, err)
+	}
+	return s, info
+}
+
+// ClosedPort returns a local TCP port that nothing listens on (it was
+// free a moment ago).
+func ClosedPort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	return port
 }
