@@ -36,7 +36,6 @@ func (h *holdFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-
 // heldSend enqueues one delivery to a holdFirst receiver and starts worker
 // A with lease, one send at a time (saturated while it holds the send: it
 // does not claim again); it returns once A's request is held at the

@@ -100,7 +100,6 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	return info.State.Msgs
 }
 
-
 func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
 	db := testenv.DB(t)
 	ctx := t.Context()
