@@ -71,17 +71,7 @@ func startProducer(t *testing.T, env ...string) *child {
 		c.err = cmd.Wait()
 		close(c.exited)
 	}()
-	t.Cleanup(func() {
-		select {
-		case <-c.exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-c.exited
-		}
-		if t.Failed() {
-			t.Logf("producer log:\n%s", c.logText())
-		}
-	})
+	testenv.KillAtEnd(t, cmd, c.exited, "producer", c.logText)
 	select {
 	case c.addr = <-addrc:
 	case <-c.exited:

@@ -113,17 +113,7 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 		t.Fatal(err)
 	}
 	go func() { c.err = cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-c.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-c.done
-		}
-		if t.Failed() {
-			t.Logf("child %v output:\n%s", env, c.out.String())
-		}
-	})
+	testenv.KillAtEnd(t, cmd, c.done, fmt.Sprintf("child %v", env), c.out.String)
 	return c
 }
 

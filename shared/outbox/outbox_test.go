@@ -100,6 +100,11 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	return info.State.Msgs
 }
 
+// newRelay is a relay on the test's database and stream.
+func newRelay(t *testing.T, db *testenv.Database, env *testenv.NATSEnv) *outbox.Relay {
+	return &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+}
+
 func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
 	db := testenv.DB(t)
 	ctx := t.Context()
@@ -156,7 +161,7 @@ func TestEnqueueRefusesAMalformedEvent(t *testing.T) {
 
 func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	r := newRelay(t, db, env)
 	e := event()
 	id := enqueue(t, db.Pool, e)
 
@@ -208,7 +213,8 @@ func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
 
 func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t), Batch: 2}
+	r := newRelay(t, db, env)
+	r.Batch = 2
 	var ids []int64
 	for range 3 {
 		ids = append(ids, enqueue(t, db.Pool, event()))
@@ -242,7 +248,8 @@ func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
 
 func TestPublishPendingBatchLimit(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t), Batch: 2}
+	r := newRelay(t, db, env)
+	r.Batch = 2
 	for range 5 {
 		enqueue(t, db.Pool, event())
 	}
@@ -255,7 +262,7 @@ func TestPublishPendingBatchLimit(t *testing.T) {
 
 func TestAClaimedRowIsLeftToItsRelay(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	r := newRelay(t, db, env)
 	id := enqueue(t, db.Pool, event())
 	// Another relay holds the row's lease.
 	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET claimed_until = now() + interval '1 hour' WHERE id = $1`, id); err != nil {
@@ -284,7 +291,7 @@ func TestAClaimedRowIsLeftToItsRelay(t *testing.T) {
 // window, and the broker drops it.
 func TestARepublishInsideTheDuplicateWindowIsDropped(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	r := newRelay(t, db, env)
 	e := event()
 	id := enqueue(t, db.Pool, e)
 	if err := r.Publish(t.Context(), id); err != nil {

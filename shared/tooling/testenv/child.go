@@ -38,3 +38,20 @@ func ChildCommand(args []string, env ...string) *exec.Cmd {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return cmd
 }
+
+// KillAtEnd makes the end of the test kill cmd's process unless exited
+// (closed once cmd.Wait returned) is closed already, and wait for exited;
+// if the test failed, it logs output() as what's output.
+func KillAtEnd(t testing.TB, cmd *exec.Cmd, exited <-chan struct{}, what string, output func() string) {
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", what, output())
+		}
+	})
+}
