@@ -90,11 +90,7 @@ func (c *child) logText() string {
 
 func (c *child) wait(t *testing.T, timeout time.Duration) int {
 	t.Helper()
-	select {
-	case <-c.exited:
-	case <-time.After(timeout):
-		t.Fatalf("producer still running after %s", timeout)
-	}
+	testenv.WaitExited(t, c.exited, timeout, "producer")
 	var ee *exec.ExitError
 	if errors.As(c.err, &ee) {
 		return ee.ExitCode()

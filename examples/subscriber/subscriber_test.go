@@ -120,11 +120,7 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 // wait returns the child's exit status once it ended.
 func (c *child) wait(t *testing.T, timeout time.Duration) syscall.WaitStatus {
 	t.Helper()
-	select {
-	case <-c.done:
-	case <-time.After(timeout):
-		t.Fatalf("child still running after %s", timeout)
-	}
+	testenv.WaitExited(t, c.done, timeout, "child")
 	var ee *exec.ExitError
 	if c.err != nil && !errors.As(c.err, &ee) {
 		t.Fatalf("child: %v", c.err)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"orderpipe/shared/cli"
 )
@@ -54,4 +55,15 @@ func KillAtEnd(t testing.TB, cmd *exec.Cmd, exited <-chan struct{}, what string,
 			t.Logf("%s output:\n%s", what, output())
 		}
 	})
+}
+
+// WaitExited fails the test unless exited (closed once the child's
+// cmd.Wait returned) is closed within timeout.
+func WaitExited(t testing.TB, exited <-chan struct{}, timeout time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-exited:
+	case <-time.After(timeout):
+		t.Fatalf("%s still running after %s", what, timeout)
+	}
 }
