@@ -450,11 +450,7 @@ func TestNATSConfigs(t *testing.T) {
 
 func TestDockerfile(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("Dockerfile")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(b)
+	text := readFile(t, "Dockerfile")
 	for _, want := range []string{
 		"FROM golang:1.26 AS build",
 		"--mount=type=cache,target=/go/pkg/mod",

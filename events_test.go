@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -67,13 +66,13 @@ func TestEventsAsyncAPI(t *testing.T) {
 
 // tailRun is one `orderpipe events tail` running in the background.
 type tailRun struct {
-	stdout, stderr *lockedBuffer
+	stdout, stderr *testenv.Buffer
 	code           chan int
 }
 
 func startTail(t *testing.T, n *testenv.NATSEnv, args ...string) *tailRun {
 	t.Helper()
-	r := &tailRun{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, code: make(chan int, 1)}
+	r := &tailRun{stdout: &testenv.Buffer{}, stderr: &testenv.Buffer{}, code: make(chan int, 1)}
 	args = append([]string{"events", "tail", "--stream", n.Topology.Stream, "--prefix", n.Topology.Prefix}, args...)
 	go func() { r.code <- run(args, r.stdout, r.stderr) }()
 	testenv.WaitFor(t, 10*time.Second, "the tail follows the stream", func() bool {
@@ -231,11 +230,7 @@ func TestEventsTailMalformedAndMissing(t *testing.T) {
 // The README's "Subscribing to order events" names every subject and
 // header the code defines.
 func TestReadmeDocumentsTheEvents(t *testing.T) {
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sec, ok := strings.Cut(string(b), "\n## Subscribing to order events\n")
+	_, sec, ok := strings.Cut(readFile(t, "README.md"), "\n## Subscribing to order events\n")
 	if !ok {
 		t.Fatal("README.md has no section Subscribing to order events")
 	}

@@ -238,7 +238,7 @@ func TestMigrateAgainstARealDatabase(t *testing.T) {
 
 func TestMigrateUnreachableDatabase(t *testing.T) {
 	cleanEnv(t)
-	t.Setenv(config.EnvDatabaseURL, "postgres://postgres@127.0.0.1:"+strconv.Itoa(closedPort(t))+"/x?sslmode=disable&connect_timeout=2")
+	t.Setenv(config.EnvDatabaseURL, "postgres://postgres@127.0.0.1:"+strconv.Itoa(testenv.ClosedPort(t))+"/x?sslmode=disable&connect_timeout=2")
 	code, out, errOut := orderpipe(t, "migrate", "up")
 	if code != 1 || out != "" || !strings.Contains(errOut, "connect to PostgreSQL") {
 		t.Fatalf("migrate up with nothing listening: exit %d, stdout %q, stderr %q", code, out, errOut)
@@ -277,7 +277,7 @@ func TestProbe(t *testing.T) {
 	if code, _, errOut := orderpipe(t, "probe", "--timeout", "2s", srv.URL+"/healthz"); code != 1 || !strings.Contains(errOut, "503") {
 		t.Fatalf("probe of an unhealthy server: exit %d, stderr %q", code, errOut)
 	}
-	if code, _, errOut := orderpipe(t, "probe", "http://127.0.0.1:"+strconv.Itoa(closedPort(t))+"/healthz"); code != 1 || !strings.Contains(errOut, "refused") {
+	if code, _, errOut := orderpipe(t, "probe", "http://127.0.0.1:"+strconv.Itoa(testenv.ClosedPort(t))+"/healthz"); code != 1 || !strings.Contains(errOut, "refused") {
 		t.Fatalf("probe of a closed port: exit %d, stderr %q", code, errOut)
 	}
 	for _, args := range [][]string{
@@ -337,16 +337,14 @@ func FuzzHealthURL(f *testing.F) {
 	})
 }
 
-// closedPort returns a local port with nothing listening on it.
-func closedPort(t *testing.T) int {
+// readFile returns the text of the repository's file name.
+func readFile(t *testing.T, name string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	b, err := os.ReadFile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	return port
+	return string(b)
 }
 
 // TestReadmeStateDiagram holds the README's state diagram against the state
@@ -354,11 +352,7 @@ func closedPort(t *testing.T) int {
 // state and the final ones as the code has them.
 func TestReadmeStateDiagram(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(b)
+	text := readFile(t, "README.md")
 	i := strings.Index(text, "```mermaid\nstateDiagram-v2\n")
 	if i < 0 {
 		t.Fatal("README.md has no ```mermaid stateDiagram-v2 block")

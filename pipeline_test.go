@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -27,24 +26,6 @@ import (
 	"orderpipe/shared/tracing"
 )
 
-// lockedBuffer is a log sink that several goroutines write to.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 type hook struct {
 	header http.Header
 	body   map[string]any
@@ -62,7 +43,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	db, n := testenv.DB(t), testenv.NATS(t)
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) }) // t.Context() is done in a cleanup
 	tracing.Install(tp)
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -77,9 +58,9 @@ func TestPipelineEndToEnd(t *testing.T) {
 	}
 	cfg.DatabaseURL, cfg.NATSURL, cfg.HTTPAddr = db.URL, n.URL, addr
 	cfg.AllowPrivateCallbacks, cfg.LogFormat, cfg.LogLevel, cfg.ShutdownTimeout = true, "json", "debug", 5*time.Second
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() { // context.Background below: t.Context() is done in a cleanup
 			t.Logf("process log:\n%s", logs.String())
 			if st, err := n.JS.Stream(context.Background(), n.Topology.Stream); err == nil {
 				info, _ := st.Info(context.Background())
@@ -93,8 +74,8 @@ func TestPipelineEndToEnd(t *testing.T) {
 			}
 		}
 	})
-	env := &app.Env{Config: cfg, Logger: app.NewLogger(cfg, logs), Pool: db.Pool, NC: n.Conn, JS: n.JS,
-		Topology: n.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, db, n)
+	env.Config, env.Logger = cfg, app.NewLogger(cfg, logs)
 
 	// The parts live until stop (a cleanup) cancels them, after the
 	// receiver and the other later cleanups: not t.Context(), which ends

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -30,17 +28,9 @@ func run(t *testing.T, cmd cli.Command, cfg config.Config, args ...string) (stri
 // runCtx is run until ctx ends (for the daemon).
 func runCtx(ctx context.Context, t *testing.T, cmd cli.Command, cfg config.Config, args ...string) (string, error) {
 	t.Helper()
-	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	if cmd.Setup != nil {
-		cmd.Setup(fs)
-	}
-	if err := fs.Parse(args); err != nil {
-		return "", cli.Usagef("%v", err)
-	}
-	var out, errOut bytes.Buffer
+	var out bytes.Buffer
 	cfg.LogLevel, cfg.LogFormat = "error", "text"
-	err := cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: &out, Stderr: &errOut, Config: cfg})
+	err := testenv.RunCommand(ctx, cmd, cfg, &out, nil, args...)
 	return out.String(), err
 }
 

@@ -274,15 +274,7 @@ func TestProviderDownDuringUnwind(t *testing.T) {
 	if res.Refunded != 0 {
 		t.Fatalf("%+v", res)
 	}
-	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 0 {
-		t.Fatalf("refunds %d, want 0", n)
-	}
-	if n := w.int(`SELECT count(*) FROM psp_charges WHERE state <> 'voided'`); n != 0 {
-		t.Fatalf("charges %d, want 0: an unwind must never charge", n)
-	}
-	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "voided" {
-		t.Fatalf("payment %s, want voided", s)
-	}
+	w.checkVoided(id)
 	if _, err := w.psp.Charge(t.Context(), payments.ChargeKey(id), "1.00", "CNY", id.String()); !psp.IsVoided(err) {
 		t.Fatalf("a late charge of the voided key: %v, want 410", err)
 	}
@@ -411,14 +403,7 @@ func TestTwoCompensatorsAndARacingConsumer(t *testing.T) {
 	w := newWorld(t)
 	ctx := t.Context()
 	const n = 24
-	var ids []uuid.UUID
-	for range n {
-		ids = append(ids, w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"}))
-	}
-	w.age(ids...)
-	cfg := w.cfg(compensator.NoRedrive)
-	cfg.BatchSize = 4
-	a, b := w.comp(cfg, w.psp), w.comp(cfg, w.psp)
+	ids, a, b := w.stuckPaid(n, 4)
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for _, c := range []*compensator.Compensator{a, b} {

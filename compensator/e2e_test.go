@@ -15,8 +15,6 @@ import (
 	"orderpipe/consumers/confirm"
 	"orderpipe/consumers/inventory"
 	"orderpipe/consumers/payment"
-	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/order"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tooling/pspserver"
@@ -52,11 +50,7 @@ type pipeline struct {
 
 func newPipeline(w *world, maxDeliver int) *pipeline {
 	w.t.Helper()
-	srv, err := pspserver.NewServer(w.db.Pool, pspserver.Options{}, testenv.Logger(w.t))
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	f := &flakyPSP{h: srv.Handler()}
+	f := &flakyPSP{h: testenv.PSPHandler(w.t, w.db.Pool, pspserver.Options{})}
 	hs := httptest.NewServer(f)
 	w.t.Cleanup(hs.Close)
 	c := consumers.Default()
@@ -73,17 +67,27 @@ func newPipeline(w *world, maxDeliver int) *pipeline {
 	return p
 }
 
+// stoppedPipeline is newPipeline started once, to provision the durable
+// consumers, and stopped.
+func stoppedPipeline(w *world, maxDeliver int) *pipeline {
+	w.t.Helper()
+	p := newPipeline(w, maxDeliver)
+	p.Start()
+	p.Stop()
+	return p
+}
+
 // Start runs the router until Stop (or the end of the test).
 func (p *pipeline) Start() {
 	t := p.w.t
 	t.Helper()
-	env := &app.Env{Config: config.Config{DatabaseURL: p.w.db.URL, NATSURL: p.w.nats.URL, PSPURL: p.url, ShutdownTimeout: 10 * time.Second},
-		Logger: testenv.Logger(t), Pool: p.w.db.Pool, NC: p.w.nats.Conn, JS: p.w.nats.JS, Topology: p.w.nats.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, p.w.db, p.w.nats)
+	env.Config.PSPURL, env.Config.ShutdownTimeout = p.url, 10*time.Second
 	pl, err := consumers.Build(env, p.cfg, inventory.Step(), payment.Step(p.w.db.Pool, psp.NewClient(p.url, 5*time.Second)), confirm.Step())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background()) // stopped by Stop, a cleanup, which t.Context() would precede
 	p.stop, p.done, p.alive = cancel, make(chan error, 1), true
 	go func() { p.done <- pl.Run(ctx) }()
 	select {
@@ -180,9 +184,7 @@ func TestEventLostInEachStateIsRedrivenToConfirmed(t *testing.T) {
 func TestConsumersDownThenBack(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	p := newPipeline(w, 5)
-	p.Start() // provision the durables
-	p.Stop()
+	p := stoppedPipeline(w, 5)
 	id := w.newOrder(spec{status: order.StatusProcessing, lines: map[string]int{"SKU-1": 1}})
 	w.age(id)
 	if res := w.pass(w.comp(w.cfg(3), w.psp)); res.Redriven != 1 {
@@ -199,19 +201,28 @@ func TestConsumersDownThenBack(t *testing.T) {
 	})
 }
 
+// deadLetteredWhileProviderDown runs the pipeline with the provider down
+// and creates an order of qty SKU-1, whose reserved event the payment step
+// then dead-letters.
+func deadLetteredWhileProviderDown(t *testing.T, qty int) (*world, *pipeline, uuid.UUID) {
+	t.Helper()
+	w := newWorld(t)
+	p := newPipeline(w, 2)
+	p.psp.down.Store(true)
+	p.Start()
+	id := w.newOrder(spec{status: order.StatusProcessing, lines: map[string]int{"SKU-1": qty}})
+	testenv.WaitFor(t, 30*time.Second, "the reserved event dead-lettered", func() bool {
+		return w.int(`SELECT count(*) FROM dead_letters WHERE order_id = $1`, id) == 1
+	})
+	return w, p, id
+}
+
 // The provider is down: the payment step dead-letters the order's reserved
 // event. Once the provider is back, the re-drive gets it charged and
 // confirmed.
 func TestProviderDownThenBackIsRedrivenToConfirmed(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	p := newPipeline(w, 2)
-	p.psp.down.Store(true)
-	p.Start()
-	id := w.newOrder(spec{status: order.StatusProcessing, lines: map[string]int{"SKU-1": 1}})
-	testenv.WaitFor(t, 30*time.Second, "the reserved event dead-lettered", func() bool {
-		return w.int(`SELECT count(*) FROM dead_letters WHERE order_id = $1`, id) == 1
-	})
+	w, p, id := deadLetteredWhileProviderDown(t, 1)
 	if w.status(id) != order.StatusReserved {
 		t.Fatalf("status %s", w.status(id))
 	}
@@ -229,14 +240,7 @@ func TestProviderDownThenBackIsRedrivenToConfirmed(t *testing.T) {
 // is voided once the provider is back: no charge, no refund.
 func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	p := newPipeline(w, 2)
-	p.psp.down.Store(true)
-	p.Start()
-	id := w.newOrder(spec{status: order.StatusProcessing, lines: map[string]int{"SKU-1": 4}})
-	testenv.WaitFor(t, 30*time.Second, "the reserved event dead-lettered", func() bool {
-		return w.int(`SELECT count(*) FROM dead_letters WHERE order_id = $1`, id) == 1
-	})
+	w, p, id := deadLetteredWhileProviderDown(t, 4)
 	down := psp.NewClient(p.url, 5*time.Second)
 	c := w.comp(w.cfg(1), down)
 	w.age(id)
@@ -262,15 +266,7 @@ func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 		t.Fatalf("refund: %+v", res)
 	}
 	w.checkInvariants()
-	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 0 {
-		t.Fatalf("refunds %d, want 0", n)
-	}
-	if n := w.int(`SELECT count(*) FROM psp_charges WHERE state <> 'voided'`); n != 0 {
-		t.Fatalf("charges %d, want 0: an unwind must never charge", n)
-	}
-	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "voided" {
-		t.Fatalf("payment %s, want voided", s)
-	}
+	w.checkVoided(id)
 	if res := w.pass(c); len(res.Actions) != 0 {
 		t.Fatalf("acted again: %+v", res.Actions)
 	}
@@ -284,18 +280,9 @@ func TestProviderDownPastEveryRedriveIsUnwound(t *testing.T) {
 func TestTwoCompensatorsRaceTheRouter(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	p := newPipeline(w, 5)
-	p.Start() // provision the durables
-	p.Stop()
+	p := stoppedPipeline(w, 5)
 	const n = 16
-	var ids []uuid.UUID
-	for range n {
-		ids = append(ids, w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"}))
-	}
-	w.age(ids...)
-	cfg := w.cfg(compensator.NoRedrive)
-	cfg.BatchSize = 3
-	a, b := w.comp(cfg, w.psp), w.comp(cfg, w.psp)
+	_, a, b := w.stuckPaid(n, 3)
 	ctx := t.Context()
 	errs := make(chan error, 8)
 	done := make(chan struct{})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -43,13 +42,8 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	db := testenv.DB(t)
 	n := testenv.NATS(t)
-	srv, err := pspserver.NewServer(db.Pool, pspserver.Options{}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	w := &world{t: t, db: db, nats: n, psp: psp.NewClient(hs.URL, 5*time.Second), pspURL: hs.URL,
+	pspURL := testenv.ServePSP(t, db.Pool, pspserver.Options{})
+	w := &world{t: t, db: db, nats: n, psp: psp.NewClient(pspURL, 5*time.Second), pspURL: pspURL,
 		relay: &outbox.Relay{Pool: db.Pool, JS: n.JS, Topology: n.Topology, Logger: testenv.Logger(t)}}
 	w.client = uuid.New()
 	w.exec(`INSERT INTO api_clients (client_id, name, api_key_hash, webhook_secret) VALUES ($1, 'c', $2, 's')`, w.client, w.client[:])
@@ -59,27 +53,58 @@ func newWorld(t *testing.T) *world {
 
 func (w *world) exec(sql string, args ...any) {
 	w.t.Helper()
-	if _, err := w.db.Pool.Exec(context.Background(), sql, args...); err != nil {
+	if _, err := w.db.Pool.Exec(w.t.Context(), sql, args...); err != nil {
 		w.t.Fatalf("%s: %v", sql, err)
 	}
+}
+
+// scalar returns the one value that the query sql selects.
+func scalar[T any](w *world, sql string, args ...any) T {
+	w.t.Helper()
+	var v T
+	if err := w.db.Pool.QueryRow(w.t.Context(), sql, args...).Scan(&v); err != nil {
+		w.t.Fatalf("%s: %v", sql, err)
+	}
+	return v
 }
 
 func (w *world) int(sql string, args ...any) int {
 	w.t.Helper()
-	var n int
-	if err := w.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		w.t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return scalar[int](w, sql, args...)
 }
 
 func (w *world) str(sql string, args ...any) string {
 	w.t.Helper()
-	var s string
-	if err := w.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&s); err != nil {
-		w.t.Fatalf("%s: %v", sql, err)
+	return scalar[string](w, sql, args...)
+}
+
+// checkVoided fails the test unless the order's charge key was voided
+// with nothing charged and nothing refunded at the provider.
+func (w *world) checkVoided(id uuid.UUID) {
+	w.t.Helper()
+	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 0 {
+		w.t.Fatalf("refunds %d, want 0", n)
 	}
-	return s
+	if n := w.int(`SELECT count(*) FROM psp_charges WHERE state <> 'voided'`); n != 0 {
+		w.t.Fatalf("charges %d, want 0: an unwind must never charge", n)
+	}
+	if s := w.str(`SELECT status FROM payments WHERE order_id = $1`, id); s != "voided" {
+		w.t.Fatalf("payment %s, want voided", s)
+	}
+}
+
+// stuckPaid creates n charged orders left paid past their deadline, and
+// two compensators (no re-drive) that take batch orders a pass, to race.
+func (w *world) stuckPaid(n, batch int) ([]uuid.UUID, *compensator.Compensator, *compensator.Compensator) {
+	w.t.Helper()
+	var ids []uuid.UUID
+	for range n {
+		ids = append(ids, w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"}))
+	}
+	w.age(ids...)
+	cfg := w.cfg(compensator.NoRedrive)
+	cfg.BatchSize = batch
+	return ids, w.comp(cfg, w.psp), w.comp(cfg, w.psp)
 }
 
 // cfg is a configuration with one-minute deadlines, for orders aged by
@@ -103,7 +128,7 @@ func (w *world) comp(cfg compensator.Config, provider *psp.Client) *compensator.
 
 func (w *world) pass(c *compensator.Compensator) compensator.Result {
 	w.t.Helper()
-	res, err := c.RunOnce(context.Background())
+	res, err := c.RunOnce(w.t.Context())
 	if err != nil {
 		w.t.Fatalf("pass: %v", err)
 	}
@@ -126,7 +151,7 @@ type spec struct {
 // left it in s.status, with its outbox events published, and returns its id.
 func (w *world) newOrder(s spec) uuid.UUID {
 	w.t.Helper()
-	ctx := context.Background()
+	ctx := w.t.Context()
 	id := uuid.Must(uuid.NewV7())
 	rid := "r" + strings.ReplaceAll(id.String(), "-", "")[:20]
 	var outboxIDs []int64
@@ -205,7 +230,7 @@ func (w *world) status(id uuid.UUID) order.Status {
 // about the order, in stream order.
 func (w *world) msgIDs(id uuid.UUID) []string {
 	w.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(w.t.Context(), 10*time.Second)
 	defer cancel()
 	cons, err := w.nats.JS.OrderedConsumer(ctx, w.nats.Topology.Stream, jetstream.OrderedConsumerConfig{})
 	if err != nil {

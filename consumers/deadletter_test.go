@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -228,15 +227,7 @@ func TestRetriesExhausted(t *testing.T) {
 
 func runCmd(t *testing.T, cmd cli.Command, cfg config.Config, out io.Writer, args ...string) error {
 	t.Helper()
-	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	if cmd.Setup != nil {
-		cmd.Setup(fs)
-	}
-	if err := fs.Parse(args); err != nil {
-		return cli.Usagef("%v", err)
-	}
-	return cmd.Run(t.Context(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: out, Stderr: io.Discard, Config: cfg})
+	return testenv.RunCommand(t.Context(), cmd, cfg, out, nil, args...)
 }
 
 // TestCommandsRefuseBadArguments checks the command lines before any

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,6 +33,62 @@ var lines = []pipetest.Line{{SKU: "SKU-1", Qty: 2}, {SKU: "SKU-2", Qty: 1}}
 func stock(t *testing.T, e *pipetest.Env) {
 	e.Stock(t, "SKU-1", 1000)
 	e.Stock(t, "SKU-2", 1000)
+}
+
+// createOrders creates n orders of lines, each of amount.
+func createOrders(t *testing.T, e *pipetest.Env, n int, amount string) {
+	t.Helper()
+	for range n {
+		e.CreateOrder(t, amount, lines...)
+	}
+}
+
+// onOwnNATS is a stocked pipeline environment on a NATS server of the
+// test's own (for tests that stop it or run `orderpipe consumers` on it).
+func onOwnNATS(t *testing.T) (*testenv.NATSServer, *pipetest.Env) {
+	t.Helper()
+	ns := testenv.OwnNATS(t)
+	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
+	stock(t, e)
+	return ns, e
+}
+
+// startConsumers runs `orderpipe consumers` as a child process on e's
+// database and provider and on ns, with env added to its environment. The
+// channel gets its exit.
+func startConsumers(t *testing.T, e *pipetest.Env, ns *testenv.NATSServer, env ...string) (*exec.Cmd, *testenv.Buffer, <-chan error) {
+	t.Helper()
+	cmd := testenv.ChildCommand(nil, append([]string{
+		"DATABASE_URL=" + e.DB.URL,
+		"NATS_URL=" + ns.URL(),
+		"PSP_URL=" + e.PSPURL,
+		"HTTP_ADDR=127.0.0.1:0",
+		"ORDERPIPE_LOG_LEVEL=warn",
+	}, env...)...)
+	out := &testenv.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return cmd, out, done
+}
+
+// waitExit waits up to timeout for the child's exit and returns it; after
+// that it kills the child and reports exited false.
+func waitExit(t *testing.T, cmd *exec.Cmd, done <-chan error, timeout time.Duration) (exited bool, err error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		return true, err
+	case <-time.After(timeout):
+		_ = cmd.Process.Kill()
+		if err := <-done; err != nil {
+			t.Logf("killed child: %v", err)
+		}
+		return false, nil
+	}
 }
 
 // TestDuplicatesInjected republishes every message of the stream twice
@@ -69,9 +124,7 @@ func TestDuplicatesInjected(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
-	for range 30 {
-		e.CreateOrder(t, "12.34", lines...)
-	}
+	createOrders(t, e, 30, "12.34")
 	e.WaitTerminal(t, 60*time.Second)
 	// Publish every outbox row once more (a relay that lost its stamps).
 	if _, err := e.DB.Pool.Exec(t.Context(), `UPDATE outbox SET published_at = NULL`); err != nil {
@@ -101,43 +154,21 @@ func TestDuplicatesInjected(t *testing.T) {
 // orders: nothing is done twice, nothing is lost.
 func TestCrashAfterCommitAndAfterCharge(t *testing.T) {
 	t.Parallel()
-	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
-	stock(t, e)
+	ns, e := onOwnNATS(t)
 	var ids []uuid.UUID
 	for range 5 {
 		ids = append(ids, e.CreateOrder(t, "20.00", lines...))
 	}
 	crash := func(failpoints string) {
 		t.Helper()
-		cmd := testenv.ChildCommand(nil,
-			"DATABASE_URL="+e.DB.URL,
-			"NATS_URL="+ns.URL(),
-			"PSP_URL="+e.PSPURL,
-			"HTTP_ADDR=127.0.0.1:0",
-			"ORDERPIPE_CONSUMER_ACK_WAIT=1s",
-			"ORDERPIPE_LOG_LEVEL=warn",
-			failpoint.EnvVar+"="+failpoints,
-		)
-		var out strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != failpoint.ExitCode {
-				t.Fatalf("child with %s: %v, want exit %d; output:\n%s", failpoints, err, failpoint.ExitCode, out.String())
-			}
-		case <-time.After(60 * time.Second):
-			_ = cmd.Process.Kill()
-			if err := <-done; err != nil {
-				t.Logf("killed child: %v", err)
-			}
+		cmd, out, done := startConsumers(t, e, ns, "ORDERPIPE_CONSUMER_ACK_WAIT=1s", failpoint.EnvVar+"="+failpoints)
+		exited, err := waitExit(t, cmd, done, 60*time.Second)
+		if !exited {
 			t.Fatalf("child with %s did not reach its failpoint; output:\n%s", failpoints, out.String())
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != failpoint.ExitCode {
+			t.Fatalf("child with %s: %v, want exit %d; output:\n%s", failpoints, err, failpoint.ExitCode, out.String())
 		}
 	}
 	crash(consumers.FailAfterCommit + "=exit")
@@ -184,23 +215,17 @@ func TestFailpointsInProcess(t *testing.T) {
 // outbox), and starts it again.
 func TestNATSRestartedMidStream(t *testing.T) {
 	t.Parallel()
-	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
-	stock(t, e)
+	ns, e := onOwnNATS(t)
 	cfg := pipetest.Config()
 	r := pipetest.Start(t, e.App, cfg, e.Steps(5*time.Second)...)
 	r.P.Relay().Interval = 200 * time.Millisecond
-	for range 20 {
-		e.CreateOrder(t, "3.00", lines...)
-	}
+	createOrders(t, e, 20, "3.00")
 	ns.Stop()
 	for range 10 {
 		e.InsertOrder(t, "3.00", lines...) // published by the relay once NATS is back
 	}
 	ns.Start()
-	for range 20 {
-		e.CreateOrder(t, "3.00", lines...)
-	}
+	createOrders(t, e, 20, "3.00")
 	e.WaitTerminal(t, 90*time.Second)
 	e.CheckInvariants(t)
 }
@@ -214,17 +239,13 @@ func TestPostgresRestartedMidStream(t *testing.T) {
 	e := pipetest.NewOn(t, db, testenv.NATS(t), pspserver.Options{Latency: 5 * time.Millisecond})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
-	for range 30 {
-		e.CreateOrder(t, "8.00", lines...)
-	}
+	createOrders(t, e, 30, "8.00")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatalf("restart PostgreSQL: %v", err)
 	}
-	for range 10 {
-		e.CreateOrder(t, "8.00", lines...)
-	}
+	createOrders(t, e, 10, "8.00")
 	e.WaitTerminal(t, 120*time.Second)
 	e.CheckInvariants(t)
 }
@@ -236,9 +257,7 @@ func TestProviderDeclinesErrorsAndTimeouts(t *testing.T) {
 	e := pipetest.New(t, pspserver.Options{DeclineRate: 0.25, ErrorRate: 0.25, TimeoutRate: 0.2, Hang: 5 * time.Second, Seed: 42})
 	stock(t, e)
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(300*time.Millisecond)...)
-	for range 40 {
-		e.CreateOrder(t, "1.50", lines...)
-	}
+	createOrders(t, e, 40, "1.50")
 	e.WaitTerminal(t, 120*time.Second)
 	c := e.Counts(t)
 	if c[order.StatusCancelled] == 0 || c[order.StatusConfirmed] == 0 {
@@ -278,9 +297,7 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 	}
 	pipetest.Start(t, e.App, pipetest.Config(), counted(0)...)
 	pipetest.Start(t, &second, pipetest.Config(), counted(1)...)
-	for range 100 {
-		e.CreateOrder(t, "4.00", lines...)
-	}
+	createOrders(t, e, 100, "4.00")
 	e.WaitTerminal(t, 90*time.Second)
 	if handled[0].Load() == 0 || handled[1].Load() == 0 {
 		t.Errorf("work not shared: %d and %d messages handled", handled[0].Load(), handled[1].Load())
@@ -329,36 +346,19 @@ func TestThousandOrders(t *testing.T) {
 // lets it work, and stops it with SIGTERM: it drains and exits 0.
 func TestCommandDrainsOnSIGTERM(t *testing.T) {
 	t.Parallel()
-	ns := testenv.OwnNATS(t)
-	e := pipetest.NewOn(t, testenv.DB(t), pipetest.OwnNATS(t, ns.URL()), pspserver.Options{})
-	stock(t, e)
-	cmd := testenv.ChildCommand(nil, "DATABASE_URL="+e.DB.URL, "NATS_URL="+ns.URL(),
-		"PSP_URL="+e.PSPURL, "HTTP_ADDR=127.0.0.1:0", "ORDERPIPE_LOG_LEVEL=warn", "ORDERPIPE_SHUTDOWN_TIMEOUT=10s")
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	for range 10 {
-		e.CreateOrder(t, "2.00", lines...)
-	}
+	ns, e := onOwnNATS(t)
+	cmd, out, done := startConsumers(t, e, ns, "ORDERPIPE_SHUTDOWN_TIMEOUT=10s")
+	createOrders(t, e, 10, "2.00")
 	e.WaitTerminal(t, 60*time.Second)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("consumers after SIGTERM: %v; output:\n%s", err, out.String())
-		}
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		if err := <-done; err != nil {
-			t.Logf("killed: %v", err)
-		}
+	exited, err := waitExit(t, cmd, done, 30*time.Second)
+	if !exited {
 		t.Fatalf("consumers did not stop within 30s of SIGTERM; output:\n%s", out.String())
+	}
+	if err != nil {
+		t.Fatalf("consumers after SIGTERM: %v; output:\n%s", err, out.String())
 	}
 	e.CheckInvariants(t)
 }

@@ -20,7 +20,7 @@ import (
 func TestStepSpansShareTheOrdersTrace(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) }) // t.Context() is done in a cleanup
 	tracing.Install(tp)
 	e := pipetest.New(t, pspserver.Options{})
 	e.Stock(t, "SKU-1", 10)

@@ -28,15 +28,7 @@ func runIntake(t *testing.T, opts producer.Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
-	done := make(chan error, 1)
-	go func() { done <- producer.Run(ctx, env, l, opts) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("producer.Run: %v", err)
-		}
-	})
+	testenv.Go(t, "producer.Run", func(ctx context.Context) error { return producer.Run(ctx, env, l, opts) })
 	h := &harness{t: t, env: env, pool: db.Pool, js: n.JS, topo: n.Topology, srv: &httptest.Server{URL: "http://" + l.Addr().String()}}
 	h.creds = h.newClient("shop")
 	return h
@@ -166,20 +158,12 @@ func TestUnknownKeysAreLimitedBeforeTheDatabase(t *testing.T) {
 			t.Fatalf("unknown key %d: %d %s", i, r.status, r.body)
 		}
 	}
-	ctx := t.Context()
-	lock, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = lock.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := lock.Exec(ctx, `LOCK TABLE api_clients IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	release := h.lockTable("api_clients")
 	r := h.do("GET", "/v1/orders?request_id=x", "", "Authorization", "Bearer opk_guess-again")
 	if r.status != http.StatusTooManyRequests || r.code(t) != 102 || r.header.Get("Retry-After") == "" {
 		t.Fatalf("unknown key past the budget: %d %v %s, want 429 code 102 without a query", r.status, r.header, r.body)
 	}
-	if err := lock.Rollback(ctx); err != nil {
+	if err := release(); err != nil {
 		t.Fatal(err)
 	}
 	if r := h.do("GET", "/v1/orders?request_id=x", ""); r.status != http.StatusNotFound {

@@ -102,11 +102,7 @@ func TestStartsAndAcceptsWhileNATSIsDown(t *testing.T) {
 		pending, err := outbox.Pending(ctx, env.Pool)
 		return err == nil && pending == 0
 	})
-	st, err := env.JS.Stream(ctx, env.Topology.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info, err := st.Info(ctx); err != nil || info.State.Msgs != n {
-		t.Fatalf("stream: %v, %v; want %d messages", info, err, n)
+	if _, info := testenv.StreamInfo(t, env.JS, env.Topology.Stream); info.State.Msgs != n {
+		t.Fatalf("stream: %v; want %d messages", info, n)
 	}
 }

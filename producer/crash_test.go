@@ -16,8 +16,6 @@ import (
 
 	"orderpipe/producer"
 	"orderpipe/producer/client"
-	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/orderevent"
@@ -73,17 +71,7 @@ func startProducer(t *testing.T, env ...string) *child {
 		c.err = cmd.Wait()
 		close(c.exited)
 	}()
-	t.Cleanup(func() {
-		select {
-		case <-c.exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-c.exited
-		}
-		if t.Failed() {
-			t.Logf("producer log:\n%s", c.logText())
-		}
-	})
+	testenv.KillAtEnd(t, cmd, c.exited, "producer", c.logText)
 	select {
 	case c.addr = <-addrc:
 	case <-c.exited:
@@ -102,11 +90,7 @@ func (c *child) logText() string {
 
 func (c *child) wait(t *testing.T, timeout time.Duration) int {
 	t.Helper()
-	select {
-	case <-c.exited:
-	case <-time.After(timeout):
-		t.Fatalf("producer still running after %s", timeout)
-	}
+	testenv.WaitExited(t, c.exited, timeout, "producer")
 	var ee *exec.ExitError
 	if errors.As(c.err, &ee) {
 		return ee.ExitCode()
@@ -196,8 +180,7 @@ func TestNATSDownKeepsAccepting(t *testing.T) {
 	if _, err := natsjs.EnsureStream(t.Context(), js, topo, 1); err != nil {
 		t.Fatal(err)
 	}
-	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: testenv.Logger(t), Pool: db.Pool,
-		NC: nc, JS: js, Topology: topo, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, db, &testenv.NATSEnv{URL: ns.URL(), Topology: topo, Conn: nc, JS: js})
 	h := &harness{t: t, env: env, pool: db.Pool, js: js, topo: topo}
 	h.srv = newServer(t, producer.Handler(env, producer.Options{}))
 	h.creds = h.newClient("shop")

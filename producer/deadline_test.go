@@ -1,7 +1,6 @@
 package producer_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"testing"
@@ -22,14 +21,7 @@ func TestOneDeadlinePerRequest(t *testing.T) {
 	const deadline = time.Second
 	h := setup(t, producer.Options{Timeout: deadline})
 	ctx := t.Context()
-	lock, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = lock.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := lock.Exec(ctx, `LOCK TABLE orders IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	release := h.lockTable("orders")
 
 	pr, pw := io.Pipe()
 	t.Cleanup(func() { _ = pr.Close() })
@@ -64,7 +56,7 @@ func TestOneDeadlinePerRequest(t *testing.T) {
 	if el > deadline*3/2 {
 		t.Fatalf("the request took %s with a %s server deadline: its steps got a deadline each", el, deadline)
 	}
-	if err := lock.Rollback(ctx); err != nil {
+	if err := release(); err != nil {
 		t.Fatal(err)
 	}
 	if n := h.count(`SELECT count(*) FROM orders`); n != 0 {

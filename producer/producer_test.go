@@ -60,7 +60,7 @@ func newServer(t *testing.T, handler http.Handler) *httptest.Server {
 
 func (h *harness) newClient(name string) tenant.Credentials {
 	h.t.Helper()
-	c, err := tenant.Create(context.Background(), h.pool, name)
+	c, err := tenant.Create(h.t.Context(), h.pool, name)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -134,10 +134,27 @@ func (h *harness) post(body string, headers ...string) response {
 	return h.do("POST", "/v1/orders", body, headers...)
 }
 
+// lockTable holds an ACCESS EXCLUSIVE lock on table, in a transaction of
+// its own, until release (or the end of the test).
+func (h *harness) lockTable(table string) (release func() error) {
+	h.t.Helper()
+	ctx := h.t.Context()
+	lock, err := h.pool.Begin(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	// Rolled back in a cleanup too, where t.Context() is done.
+	h.t.Cleanup(func() { _ = lock.Rollback(context.WithoutCancel(ctx)) })
+	if _, err := lock.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		h.t.Fatal(err)
+	}
+	return func() error { return lock.Rollback(ctx) }
+}
+
 func (h *harness) count(sql string, args ...any) int {
 	h.t.Helper()
 	var n int
-	if err := h.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+	if err := h.pool.QueryRow(h.t.Context(), sql, args...).Scan(&n); err != nil {
 		h.t.Fatal(err)
 	}
 	return n
@@ -148,14 +165,7 @@ func streamCount(t *testing.T, js jetstream.JetStream, stream, subject, msgID st
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, info := testenv.StreamInfo(t, js, stream)
 	n := 0
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := s.GetMsg(ctx, seq)

@@ -1,7 +1,6 @@
 package notify_test
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -124,16 +123,8 @@ func TestWebhooksEndToEnd(t *testing.T) {
 	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()})
 	w := &webhook.Worker{Pool: e.DB.Pool, Logger: testenv.Logger(t), Client: client, AllowPrivate: true,
 		Interval: 20 * time.Millisecond, Schedule: []time.Duration{20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond}}
-	wctx, stopWorker := context.WithCancel(ctx)
-	workerDone := make(chan error, 1)
-	go func() { workerDone <- w.Run(wctx) }()
-	t.Cleanup(func() {
-		stopWorker()
-		if err := <-workerDone; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-		client.CloseIdleConnections()
-	})
+	t.Cleanup(client.CloseIdleConnections) // after the worker stopped
+	testenv.Go(t, "worker", w.Run)
 
 	relay := &outbox.Relay{Pool: e.DB.Pool, JS: e.App.JS, Topology: e.App.Topology, Logger: e.App.Logger}
 	create := func(sku string) uuid.UUID {

@@ -71,12 +71,29 @@ func move(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, from, to order.Status,
 	}
 }
 
+// cancelledOrder is an order with a callback that went processing,
+// reserved, cancelled (payment declined).
+func cancelledOrder(t *testing.T, pool *pgxpool.Pool) order.Order {
+	t.Helper()
+	o := newOrder(t, pool, "https://shop.example/hooks")
+	move(t, pool, o.ID, order.StatusProcessing, order.StatusReserved, "")
+	move(t, pool, o.ID, order.StatusReserved, order.StatusCancelled, "payment declined")
+	return o
+}
+
+// checkNoDeliveries fails the test if any webhook delivery is stored.
+func checkNoDeliveries(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d deliveries, %v", n, err)
+	}
+}
+
 func TestApplyStoresOneDeliveryPerStatusChange(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	o := newOrder(t, db.Pool, "https://shop.example/hooks")
-	move(t, db.Pool, o.ID, order.StatusProcessing, order.StatusReserved, "")
-	move(t, db.Pool, o.ID, order.StatusReserved, order.StatusCancelled, "payment declined")
+	o := cancelledOrder(t, db.Pool)
 	statuses := []order.Status{order.StatusProcessing, order.StatusReserved, order.StatusCancelled}
 	for _, s := range statuses {
 		if created, err := handle(t, db.Pool, event(o, s, 0)); err != nil || !created {
@@ -135,10 +152,7 @@ func TestApplyWithoutCallbackStoresNothing(t *testing.T) {
 	if created, err := handle(t, db.Pool, event(o, order.StatusProcessing, 0)); err != nil || created {
 		t.Fatalf("created=%v err=%v", created, err)
 	}
-	var n int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d deliveries, %v", n, err)
-	}
+	checkNoDeliveries(t, db.Pool)
 }
 
 // TestApplyRefusesEventsWithoutAnOrderOrHistory: a payload that names an
@@ -161,10 +175,7 @@ func TestApplyRefusesEventsWithoutAnOrderOrHistory(t *testing.T) {
 	if _, err := handle(t, db.Pool, event(o, order.StatusPaid, 0)); !errors.Is(err, notify.ErrNoHistory) {
 		t.Errorf("a status the order never had: %v", err)
 	}
-	var n int
-	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_deliveries`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d deliveries, %v", n, err)
-	}
+	checkNoDeliveries(t, db.Pool)
 }
 
 // TestApplyNotifiesChangesWhoseEventsWereLost: the broker lost the events
@@ -175,9 +186,7 @@ func TestApplyRefusesEventsWithoutAnOrderOrHistory(t *testing.T) {
 func TestApplyNotifiesChangesWhoseEventsWereLost(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
-	o := newOrder(t, db.Pool, "https://shop.example/hooks")
-	move(t, db.Pool, o.ID, order.StatusProcessing, order.StatusReserved, "")
-	move(t, db.Pool, o.ID, order.StatusReserved, order.StatusCancelled, "payment declined")
+	o := cancelledOrder(t, db.Pool)
 	if created, err := handle(t, db.Pool, event(o, order.StatusCancelled, 0)); err != nil || !created {
 		t.Fatalf("cancelled: created=%v err=%v", created, err)
 	}

@@ -52,18 +52,17 @@ func unwind(t *testing.T, e *pipetest.Env, id uuid.UUID, from order.Status) {
 	}
 }
 
-func setup(t *testing.T, opts pspserver.Options) *pipetest.Env {
+func setup(t *testing.T, opts pspserver.Options) (*pipetest.Env, *psp.Client) {
 	e := pipetest.New(t, opts)
 	e.Stock(t, "SKU-1", 100)
-	return e
+	return e, psp.NewClient(e.PSPURL, 5*time.Second)
 }
 
 // TestRefundExactlyOnce: a paid order (no confirm step running) is
 // unwound; Refund, called again and again, refunds it once.
 func TestRefundExactlyOnce(t *testing.T) {
 	t.Parallel()
-	e := setup(t, pspserver.Options{})
-	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	e, client := setup(t, pspserver.Options{})
 	pipetest.Start(t, e.App, pipetest.Config(), inventory.Step(), payment.Step(e.DB.Pool, client))
 	id := e.CreateOrder(t, "12.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
 	testenv.WaitFor(t, 20*time.Second, "the order paid", func() bool { return e.Status(t, id) == order.StatusPaid })
@@ -97,8 +96,7 @@ func TestRefundExactlyOnce(t *testing.T) {
 // with its charge, which is refunded.
 func TestSettlePendingPayment(t *testing.T) {
 	t.Parallel()
-	e := setup(t, pspserver.Options{})
-	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	e, client := setup(t, pspserver.Options{})
 	pending := func(id uuid.UUID) {
 		t.Helper()
 		if err := payments.RecordPending(t.Context(), e.DB.Pool, id, "3.00", "CNY"); err != nil {
@@ -147,8 +145,7 @@ func TestSettlePendingPayment(t *testing.T) {
 // reason, its stock released, its key settled, and nothing stays charged.
 func TestPermanentRefusalCancels(t *testing.T) {
 	t.Parallel()
-	e := setup(t, pspserver.Options{})
-	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	e, client := setup(t, pspserver.Options{})
 	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 3})
 	// Someone charged the order's key with another body: the step's own
 	// charge is refused with 422.
@@ -191,8 +188,7 @@ func TestPermanentRefusalCancels(t *testing.T) {
 // refunds its own charge instead of moving it to paid.
 func TestOrderCancelledWhileCharging(t *testing.T) {
 	t.Parallel()
-	e := setup(t, pspserver.Options{Latency: 700 * time.Millisecond})
-	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	e, client := setup(t, pspserver.Options{Latency: 700 * time.Millisecond})
 	pipetest.Start(t, e.App, pipetest.Config(), inventory.Step(), payment.Step(e.DB.Pool, client), confirm.Step())
 	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 2})
 	testenv.WaitFor(t, 20*time.Second, "the charge in flight", func() bool {
@@ -212,7 +208,7 @@ func TestOrderCancelledWhileCharging(t *testing.T) {
 // reason and gives its stock back in the same transaction.
 func TestDeclineReleasesStock(t *testing.T) {
 	t.Parallel()
-	e := setup(t, pspserver.Options{DeclineRate: 1})
+	e, _ := setup(t, pspserver.Options{DeclineRate: 1})
 	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...)
 	id := e.CreateOrder(t, "7.00", pipetest.Line{SKU: "SKU-1", Qty: 30})
 	e.WaitTerminal(t, 20*time.Second)

@@ -81,14 +81,29 @@ func publishEvent(t *testing.T, env *pipetest.Env, e orderevent.Event) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := relayOf(env).Publish(t.Context(), oid); err != nil {
-		t.Fatal(err)
-	}
+	publishOutbox(t, env, oid)
 }
 
 func reservedEvent(e *pipetest.Env, id uuid.UUID, redrive int) orderevent.Event {
 	return orderevent.Event{Version: orderevent.Version, Name: orderevent.Reserved, OrderID: id, ClientID: e.ClientID,
 		RequestID: "race-" + id.String(), Status: order.StatusReserved, OccurredAt: time.Now().UTC(), Redrive: redrive}
+}
+
+// publishOutbox publishes the outbox row oid (an order's original event).
+func publishOutbox(t *testing.T, e *pipetest.Env, oid int64) {
+	t.Helper()
+	if err := relayOf(e).Publish(t.Context(), oid); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// payAndConfirm runs the payment and confirm steps until every order is
+// terminal, and checks that none was refunded.
+func payAndConfirm(t *testing.T, e *pipetest.Env, client *psp.Client, ids []uuid.UUID) {
+	t.Helper()
+	pipetest.Start(t, e.App, pipetest.Config(), payment.Step(e.DB.Pool, client), confirm.Step())
+	e.WaitTerminal(t, 60*time.Second)
+	checkNoRefund(t, e, ids)
 }
 
 // checkNoRefund fails the test if the provider holds any refund: every
@@ -116,19 +131,14 @@ func checkNoRefund(t *testing.T, e *pipetest.Env, ids []uuid.UUID) {
 // this test, most such orders ended confirmed with their charge refunded.
 func TestRedriveRacesOriginal(t *testing.T) {
 	t.Parallel()
-	e := setup(t, pspserver.Options{})
-	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	e, client := setup(t, pspserver.Options{})
 	ids, reserved := reservedOrders(t, e, 30)
 	precharge(t, e, client, ids)
 	for i, id := range ids {
-		if err := relayOf(e).Publish(t.Context(), reserved[i]); err != nil {
-			t.Fatal(err)
-		}
+		publishOutbox(t, e, reserved[i])
 		publishEvent(t, e, reservedEvent(e, id, 1))
 	}
-	pipetest.Start(t, e.App, pipetest.Config(), payment.Step(e.DB.Pool, client), confirm.Step())
-	e.WaitTerminal(t, 60*time.Second)
-	checkNoRefund(t, e, ids)
+	payAndConfirm(t, e, client, ids)
 }
 
 // TestRedeliveryWhileSlowHandlerHolds: the same reserved event is delivered
@@ -137,19 +147,14 @@ func TestRedriveRacesOriginal(t *testing.T) {
 // on 409 (in flight) and must not undo what the first committed.
 func TestRedeliveryWhileSlowHandlerHolds(t *testing.T) {
 	t.Parallel()
-	e := setup(t, pspserver.Options{Latency: 300 * time.Millisecond})
-	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	e, client := setup(t, pspserver.Options{Latency: 300 * time.Millisecond})
 	ids, reserved := reservedOrders(t, e, 10)
 	for i, id := range ids {
-		if err := relayOf(e).Publish(t.Context(), reserved[i]); err != nil {
-			t.Fatal(err)
-		}
+		publishOutbox(t, e, reserved[i])
 		ev := reservedEvent(e, id, 0)
 		publishRaw(t, e, ev, ev.MsgID()+":again")
 	}
-	pipetest.Start(t, e.App, pipetest.Config(), payment.Step(e.DB.Pool, client), confirm.Step())
-	e.WaitTerminal(t, 60*time.Second)
-	checkNoRefund(t, e, ids)
+	payAndConfirm(t, e, client, ids)
 	if n := count(t, e, `SELECT count(*) FROM psp_charges`); n != len(ids) {
 		t.Fatalf("%d charges for %d orders", n, len(ids))
 	}
@@ -161,8 +166,7 @@ func TestRedeliveryWhileSlowHandlerHolds(t *testing.T) {
 // order must still end confirmed with no refund.
 func TestDeadLetterReplayRacesRedrive(t *testing.T) {
 	t.Parallel()
-	e := setup(t, pspserver.Options{})
-	client := psp.NewClient(e.PSPURL, 5*time.Second)
+	e, client := setup(t, pspserver.Options{})
 	ids, _ := reservedOrders(t, e, 20)
 	precharge(t, e, client, ids)
 	for _, id := range ids {
@@ -183,9 +187,7 @@ func TestDeadLetterReplayRacesRedrive(t *testing.T) {
 		}
 		publishEvent(t, e, reservedEvent(e, id, 1))
 	}
-	pipetest.Start(t, e.App, pipetest.Config(), payment.Step(e.DB.Pool, client), confirm.Step())
-	e.WaitTerminal(t, 60*time.Second)
-	checkNoRefund(t, e, ids)
+	payAndConfirm(t, e, client, ids)
 }
 
 // publishRaw publishes ev under the given Nats-Msg-Id.

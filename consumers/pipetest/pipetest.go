@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -25,7 +24,6 @@ import (
 	"orderpipe/consumers/payment"
 	"orderpipe/consumers/step"
 	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
@@ -60,7 +58,7 @@ func New(t testing.TB, opts pspserver.Options) *Env {
 func OwnNATS(t testing.TB, url string) *testenv.NATSEnv {
 	t.Helper()
 	nc, js := testenv.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if _, err := natsjs.EnsureStream(ctx, js, orderevent.DefaultTopology, 1); err != nil {
 		t.Fatal(err)
@@ -73,12 +71,12 @@ func NewOn(t testing.TB, db *testenv.Database, n *testenv.NATSEnv, opts pspserve
 	t.Helper()
 	e := &Env{DB: db, NATS: n, Initial: map[string]int64{}}
 	e.PSPURL = ServePSP(t, e, opts)
-	cfg := config.Config{DatabaseURL: db.URL, NATSURL: n.URL, PSPURL: e.PSPURL, ShutdownTimeout: 10 * time.Second}
-	e.App = &app.Env{Config: cfg, Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	e.App = testenv.Env(t, db, n)
+	e.App.Config.PSPURL, e.App.Config.ShutdownTimeout = e.PSPURL, 10*time.Second
 	e.ClientID = uuid.New()
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	if _, err := db.Pool.Exec(context.Background(),
+	if _, err := db.Pool.Exec(t.Context(),
 		`INSERT INTO api_clients (client_id, name, api_key_hash, webhook_secret) VALUES ($1, 'pipetest', $2, 'whsec_test')`, e.ClientID, key); err != nil {
 		t.Fatalf("create api client: %v", err)
 	}
@@ -94,19 +92,13 @@ func (e *Env) Quiet(t testing.TB) {
 // its URL.
 func ServePSP(t testing.TB, e *Env, opts pspserver.Options) string {
 	t.Helper()
-	srv, err := pspserver.NewServer(e.DB.Pool, opts, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	return hs.URL
+	return testenv.ServePSP(t, e.DB.Pool, opts)
 }
 
 // Stock sets a SKU's stock and remembers it as initial.
 func (e *Env) Stock(t testing.TB, sku string, qty int64) {
 	t.Helper()
-	if _, err := e.DB.Pool.Exec(context.Background(), `
+	if _, err := e.DB.Pool.Exec(t.Context(), `
 		INSERT INTO inventory (sku, available) VALUES ($1, $2)
 		ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available`, sku, qty); err != nil {
 		t.Fatal(err)
@@ -153,7 +145,7 @@ func Start(t testing.TB, env *app.Env, cfg consumers.Config, steps ...step.Step)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
 	r := &Router{P: p, stop: cancel, done: make(chan error, 1)}
 	go func() { r.done <- p.Run(ctx) }()
 	select {
@@ -194,7 +186,7 @@ func (e *Env) CreateOrder(t testing.TB, amount string, lines ...Line) uuid.UUID 
 	t.Helper()
 	id, outboxID := e.InsertOrder(t, amount, lines...)
 	relay := &outbox.Relay{Pool: e.DB.Pool, JS: e.App.JS, Topology: e.App.Topology, Logger: e.App.Logger}
-	if err := relay.Publish(context.Background(), outboxID); errors.Is(err, outbox.ErrBrokerUnavailable) {
+	if err := relay.Publish(t.Context(), outboxID); errors.Is(err, outbox.ErrBrokerUnavailable) {
 		t.Logf("accepted event left to the relay: %v", err)
 	} else if err != nil {
 		t.Fatalf("publish accepted event: %v", err)
@@ -205,7 +197,7 @@ func (e *Env) CreateOrder(t testing.TB, amount string, lines ...Line) uuid.UUID 
 // InsertOrder is CreateOrder without the publish.
 func (e *Env) InsertOrder(t testing.TB, amount string, lines ...Line) (uuid.UUID, int64) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	id := uuid.Must(uuid.NewV7())
 	rid := order.NewRequestID(time.Now()) + fmt.Sprintf("%x", id[10:])
 	items := make([]order.Item, len(lines))
@@ -235,7 +227,7 @@ func (e *Env) InsertOrder(t testing.TB, amount string, lines ...Line) (uuid.UUID
 func (e *Env) Status(t testing.TB, id uuid.UUID) order.Status {
 	t.Helper()
 	var s string
-	if err := e.DB.Pool.QueryRow(context.Background(), `SELECT status FROM orders WHERE order_id = $1`, id).Scan(&s); err != nil {
+	if err := e.DB.Pool.QueryRow(t.Context(), `SELECT status FROM orders WHERE order_id = $1`, id).Scan(&s); err != nil {
 		t.Fatal(err)
 	}
 	return order.Status(s)
@@ -247,7 +239,7 @@ func (e *Env) WaitTerminal(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	testenv.WaitFor(t, timeout, "every order terminal", func() bool {
 		var open int
-		if err := e.DB.Pool.QueryRow(context.Background(),
+		if err := e.DB.Pool.QueryRow(t.Context(),
 			`SELECT count(*) FROM orders WHERE status NOT IN ('confirmed', 'rejected', 'cancelled')`).Scan(&open); err != nil {
 			return false
 		}
@@ -258,7 +250,7 @@ func (e *Env) WaitTerminal(t testing.TB, timeout time.Duration) {
 // Counts returns the number of orders per status.
 func (e *Env) Counts(t testing.TB) map[order.Status]int {
 	t.Helper()
-	rows, err := e.DB.Pool.Query(context.Background(), `SELECT status, count(*) FROM orders GROUP BY status`)
+	rows, err := e.DB.Pool.Query(t.Context(), `SELECT status, count(*) FROM orders GROUP BY status`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +276,7 @@ func (e *Env) Counts(t testing.TB) map[order.Status]int {
 // every SKU, initial = available + reserved and not released.
 func (e *Env) CheckInvariants(t testing.TB) {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	pool := e.DB.Pool
 	fail := func(q, what string) {
 		t.Helper()

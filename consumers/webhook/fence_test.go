@@ -1,8 +1,8 @@
 package webhook_test
 
 import (
-	"context"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,26 +36,23 @@ func (h *holdFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// startWorker runs w and returns a stop function that waits for its sends
-// to be recorded (Run returns only then). It also stops at the test's end.
-func startWorker(t *testing.T, w *webhook.Worker) (stop func()) {
+// heldSend enqueues one delivery to a holdFirst receiver and starts worker
+// A with lease, one send at a time (saturated while it holds the send: it
+// does not claim again); it returns once A's request is held at the
+// receiver, which is released at the test's end at the latest (before A is
+// stopped).
+func heldSend(t *testing.T, lease time.Duration) (f fixture, rc *holdFirst, srv *httptest.Server, ids []string, stopA func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var stopped atomic.Bool
-	stop = func() {
-		if stopped.Swap(true) {
-			return
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-		w.Client.CloseIdleConnections()
-	}
-	t.Cleanup(stop)
-	return stop
+	f = setup(t)
+	rc = newHoldFirst()
+	srv, _ = tlsServer(t, rc)
+	_, ids = f.enqueue(t, f.client, srv.URL+"/hooks", 1)
+	a := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv), Timeout: time.Minute}))
+	a.Lease, a.PerClient = lease, 1
+	stopA = startWorker(t, a)
+	t.Cleanup(func() { closeOnce(rc.release) })
+	waitClosed(t, rc.held, "worker A's request at the receiver")
+	return f, rc, srv, ids, stopA
 }
 
 // TestStaleOutcomeIsNotRecorded: worker A claims a delivery and is held
@@ -64,17 +61,8 @@ func startWorker(t *testing.T, w *webhook.Worker) (stop func()) {
 // attempt recorded.
 func TestStaleOutcomeIsNotRecorded(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	rc := newHoldFirst()
-	srv, _ := tlsServer(t, rc)
-	_, ids := f.enqueue(t, f.client, srv.URL+"/hooks", 1)
+	f, rc, srv, ids, stopA := heldSend(t, 100*time.Millisecond)
 	ctx := t.Context()
-
-	a := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv), Timeout: time.Minute}))
-	a.Lease, a.PerClient = 100*time.Millisecond, 1 // saturated while it holds the send: it does not claim again
-	stopA := startWorker(t, a)
-	t.Cleanup(func() { closeOnce(rc.release) }) // before A is stopped
-	waitClosed(t, rc.held, "worker A's request at the receiver")
 
 	b := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv)}))
 	stopB := startWorker(t, b)
@@ -104,17 +92,8 @@ func TestStaleOutcomeIsNotRecorded(t *testing.T) {
 // resend (the row stays pending with attempts 0 and is sent again).
 func TestResendFencesTheSendInFlight(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	rc := newHoldFirst()
-	srv, _ := tlsServer(t, rc)
-	_, ids := f.enqueue(t, f.client, srv.URL+"/hooks", 1)
+	f, rc, _, ids, stopA := heldSend(t, time.Hour)
 	ctx := t.Context()
-
-	a := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv), Timeout: time.Minute}))
-	a.Lease, a.PerClient = time.Hour, 1
-	stopA := startWorker(t, a)
-	t.Cleanup(func() { closeOnce(rc.release) })
-	waitClosed(t, rc.held, "worker A's request at the receiver")
 	if _, err := webhook.Resend(ctx, f.pool, ids[0]); err != nil {
 		t.Fatal(err)
 	}

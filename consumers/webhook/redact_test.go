@@ -1,35 +1,15 @@
 package webhook_test
 
 import (
-	"bytes"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"orderpipe/consumers/webhook"
 	"orderpipe/shared/tooling/testenv"
 )
-
-// lockedBuffer is a log sink the worker's goroutines may write at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestFailedDeliveryKeepsTheQueryOutOfLogsAndAttempts: the receiver drops
 // the connection, so net/http's error names the URL ("Post \"…?token=…\":
@@ -45,12 +25,12 @@ func TestFailedDeliveryKeepsTheQueryOutOfLogsAndAttempts(t *testing.T) {
 		}
 	}))
 	orderID, ids := f.enqueue(t, f.client, srv.URL+"/hooks?token=secret-t0ken&x=1", 1)
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv)})
 	w := fastWorker(t, f.pool, client)
 	w.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	w.Schedule = []time.Duration{10 * time.Millisecond}
-	run(t, w)
+	startWorker(t, w)
 	ctx := t.Context()
 	testenv.WaitFor(t, 20*time.Second, "the delivery failed", func() bool {
 		d, err := webhook.Get(ctx, f.pool, ids[0])

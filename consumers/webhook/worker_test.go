@@ -2,7 +2,6 @@ package webhook_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -150,21 +149,20 @@ func (f fixture) enqueue(t *testing.T, c tenant.Credentials, url string, n int) 
 	return id, ids
 }
 
-// run starts w until the test ends.
-func run(t *testing.T, w *webhook.Worker) {
+// startWorker runs w and returns a stop function that waits for its sends
+// to be recorded (Run returns only then). It also stops at the test's end.
+func startWorker(t *testing.T, w *webhook.Worker) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
+	if w.Client != nil {
+		t.Cleanup(w.Client.CloseIdleConnections) // after the worker stopped
+	}
+	stopRun := testenv.Go(t, "worker", w.Run)
+	return func() {
+		stopRun()
 		if w.Client != nil {
 			w.Client.CloseIdleConnections()
 		}
-	})
+	}
 }
 
 func fastWorker(t *testing.T, pool *pgxpool.Pool, client *http.Client) *webhook.Worker {
@@ -181,7 +179,7 @@ func TestDeliveriesAreSignedRetriedAndRecorded(t *testing.T) {
 	srv, _ := tlsServer(t, rc)
 	orderID, ids := f.enqueue(t, f.client, srv.URL+"/hooks", 4)
 	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv)})
-	run(t, fastWorker(t, f.pool, client))
+	startWorker(t, fastWorker(t, f.pool, client))
 
 	testenv.WaitFor(t, 20*time.Second, "every delivery acknowledged", func() bool { return rc.deliveredCount() == len(ids) })
 	ctx := t.Context()
@@ -233,7 +231,7 @@ func TestDeliveryFailsAfterScheduleAndResendKeepsID(t *testing.T) {
 	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv)})
 	w := fastWorker(t, f.pool, client)
 	w.Schedule = []time.Duration{10 * time.Millisecond, 10 * time.Millisecond}
-	run(t, w)
+	startWorker(t, w)
 	ctx := t.Context()
 	testenv.WaitFor(t, 20*time.Second, "delivery failed", func() bool {
 		d, err := webhook.Get(ctx, f.pool, ids[0])
@@ -276,7 +274,7 @@ func TestDeadReceiverDoesNotSlowOthers(t *testing.T) {
 	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: tlsCfg, Timeout: time.Minute})
 	w := fastWorker(t, f.pool, client)
 	w.Concurrency, w.PerClient, w.Batch = 6, 3, 5
-	run(t, w)
+	startWorker(t, w)
 	t.Cleanup(func() { close(dead.block) }) // before the worker waits for its sends
 	testenv.WaitFor(t, 10*time.Second, "the live client's deliveries", func() bool { return alive.deliveredCount() == len(ids) })
 	if dead.deliveredCount() != 0 {
@@ -397,7 +395,7 @@ func TestTwoWorkersSendEachDeliveryOnce(t *testing.T) {
 	for range 2 {
 		w := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: trust(srv)}))
 		w.Batch, w.PerClient = 3, 2
-		run(t, w)
+		startWorker(t, w)
 	}
 	testenv.WaitFor(t, 20*time.Second, "every delivery acknowledged", func() bool { return rc.deliveredCount() == len(ids) })
 	rc.mu.Lock()

@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,27 +52,10 @@ func runChild() int {
 			}
 		}
 	}
+	// The child process runs no test: it has no t.Context().
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return run(ctx, os.Args[1:], os.Getenv, os.Stderr)
-}
-
-// syncBuffer collects a process's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func noEnv(string) string { return "" }
@@ -89,9 +71,9 @@ func argsFor(db *testenv.Database, n *testenv.NATSEnv, durable string, extra ...
 
 // startInProcess runs the program in this process until the test ends; it
 // must then stop cleanly with exit code 0.
-func startInProcess(t *testing.T, args ...string) *syncBuffer {
+func startInProcess(t *testing.T, args ...string) *testenv.Buffer {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testenv.Buffer{}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, noEnv, logs) }()
@@ -115,7 +97,7 @@ func startInProcess(t *testing.T, args ...string) *syncBuffer {
 // child is the program running as a child process.
 type child struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.Buffer
 	done chan struct{}
 	err  error
 }
@@ -124,35 +106,21 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
-	c := &child{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	c := &child{cmd: cmd, out: &testenv.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.out, c.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() { c.err = cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-c.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-c.done
-		}
-		if t.Failed() {
-			t.Logf("child %v output:\n%s", env, c.out.String())
-		}
-	})
+	testenv.KillAtEnd(t, cmd, c.done, fmt.Sprintf("child %v", env), c.out.String)
 	return c
 }
 
 // wait returns the child's exit status once it ended.
 func (c *child) wait(t *testing.T, timeout time.Duration) syscall.WaitStatus {
 	t.Helper()
-	select {
-	case <-c.done:
-	case <-time.After(timeout):
-		t.Fatalf("child still running after %s", timeout)
-	}
+	testenv.WaitExited(t, c.done, timeout, "child")
 	var ee *exec.ExitError
 	if c.err != nil && !errors.As(c.err, &ee) {
 		t.Fatalf("child: %v", c.err)
@@ -529,7 +497,7 @@ func TestBadFlagsAndEnvironment(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var out syncBuffer
+			var out testenv.Buffer
 			getenv := func(k string) string { return tc.env[k] }
 			if code := run(t.Context(), tc.args, getenv, &out); code != exitUsage {
 				t.Errorf("exit %d, want %d; output:\n%s", code, exitUsage, out.String())
@@ -547,7 +515,7 @@ func TestBadFlagsAndEnvironment(t *testing.T) {
 func TestFlagsWinOverEnvironment(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{envDatabaseURL: "postgres://env/db", envDurable: "from-env", envBatch: "7", envAckWait: "3s"}
-	cfg, err := parseConfig([]string{"--durable", "from-flag"}, func(k string) string { return env[k] }, &syncBuffer{})
+	cfg, err := parseConfig([]string{"--durable", "from-flag"}, func(k string) string { return env[k] }, &testenv.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,7 +525,7 @@ func TestFlagsWinOverEnvironment(t *testing.T) {
 	if cfg.stream != orderevent.DefaultTopology.Stream || cfg.prefix != orderevent.DefaultTopology.Prefix {
 		t.Errorf("default topology: %s %s", cfg.stream, cfg.prefix)
 	}
-	var out syncBuffer
+	var out testenv.Buffer
 	if code := run(t.Context(), []string{"-h"}, noEnv, &out); code != exitOK || !strings.Contains(out.String(), "-durable") {
 		t.Errorf("-h: exit %d, output %q", code, out.String())
 	}
@@ -567,7 +535,7 @@ func TestFlagsWinOverEnvironment(t *testing.T) {
 // why.
 func TestUnreachableDatabase(t *testing.T) {
 	t.Parallel()
-	var out syncBuffer
+	var out testenv.Buffer
 	code := run(t.Context(), []string{"--database-url", "postgres://u@127.0.0.1:1/db?connect_timeout=5"}, noEnv, &out)
 	if code != exitError || !strings.Contains(out.String(), "create schema") {
 		t.Errorf("exit %d, output %q", code, out.String())

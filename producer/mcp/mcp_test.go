@@ -90,7 +90,7 @@ func (h *harness) inMemory(p *progress) *sdk.ClientSession {
 		h.t.Fatal(err)
 	}
 	st, ct := sdk.NewInMemoryTransports()
-	ctx := context.Background()
+	ctx := context.Background() // the sessions are closed by a cleanup, which t.Context() would precede
 	ss, err := srv.Connect(ctx, st, nil)
 	if err != nil {
 		h.t.Fatal(err)
@@ -107,10 +107,7 @@ func (h *harness) inMemory(p *progress) *sdk.ClientSession {
 }
 
 func runHub(t *testing.T, hub *orderstream.Hub) {
-	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
-	done := make(chan struct{})
-	go func() { defer close(done); _ = hub.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	testenv.Go(t, "hub", hub.Run)
 }
 
 type bearer struct {
@@ -128,7 +125,7 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // /mcp) and connects a client to /mcp with the harness's API key.
 func (h *harness) overHTTP(p *progress) (*sdk.ClientSession, *httptest.Server) {
 	h.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
 	clientID := func(r *http.Request) (uuid.UUID, bool) {
 		c, ok := producer.ClientFrom(r.Context())
 		return c.ID, ok
@@ -143,6 +140,7 @@ func (h *harness) overHTTP(p *progress) (*sdk.ClientSession, *httptest.Server) {
 	h.t.Cleanup(srv.Close)
 	tr := &http.Transport{}
 	h.t.Cleanup(tr.CloseIdleConnections)
+	// The session is closed by a cleanup, which t.Context() would precede.
 	cs, err := newClient(p).Connect(context.Background(), &sdk.StreamableClientTransport{
 		Endpoint:   srv.URL + mcp.Path,
 		HTTPClient: &http.Client{Transport: bearer{key: h.creds.APIKey, next: tr}},
@@ -206,10 +204,20 @@ func createArgs(requestID string) map[string]any {
 		"amount": "39.98", "currency": "CNY"}
 }
 
+// orders returns how many orders are stored (a failed query fails the test).
+func (h *harness) orders() int {
+	h.t.Helper()
+	var n int
+	if err := h.pool.QueryRow(h.t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+		h.t.Fatalf("count orders: %v", err)
+	}
+	return n
+}
+
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
 	h.t.Helper()
-	err := pgx.BeginFunc(context.Background(), h.pool, func(tx pgx.Tx) error {
-		_, err := orderstore.Transition(context.Background(), tx, id, from, to, "")
+	err := pgx.BeginFunc(h.t.Context(), h.pool, func(tx pgx.Tx) error {
+		_, err := orderstore.Transition(h.t.Context(), tx, id, from, to, "")
 		return err
 	})
 	if err != nil {
@@ -402,9 +410,8 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 			t.Fatalf("create without one request_id or token: %s", r.raw)
 		}
 	}
-	var n int
-	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d orders after refused calls (%v)", n, err)
+	if n := h.orders(); n != 0 {
+		t.Fatalf("%d orders after refused calls", n)
 	}
 }
 
@@ -506,9 +513,8 @@ func TestMalformedArguments(t *testing.T) {
 			t.Errorf("wait_for_order %s: %s", name, r.raw)
 		}
 	}
-	var n int
-	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("%d orders after refused calls (%v)", n, err)
+	if n := h.orders(); n != 0 {
+		t.Fatalf("%d orders after refused calls", n)
 	}
 }
 
@@ -543,9 +549,8 @@ func TestCreateWithToken(t *testing.T) {
 	if r := call(t, cs, mcp.ToolCreateOrder, args, nil); !r.isError || r.problem.Code != 208 || r.problem.Retryable {
 		t.Fatalf("unknown token: %s", r.raw)
 	}
-	var n int
-	if err := h.pool.QueryRow(t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("%d orders (%v), want 1", n, err)
+	if n := h.orders(); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
 	}
 }
 

@@ -52,15 +52,7 @@ func replica(t *testing.T, env *app.Env, h *orderstream.Handler) *httptest.Serve
 func runHub(t *testing.T, pool *pgxpool.Pool) *orderstream.Hub {
 	t.Helper()
 	hub := orderstream.NewHub(pool, testenv.Logger(t))
-	ctx, cancel := context.WithCancel(context.Background()) // stopped by a cleanup, which t.Context() would precede
-	done := make(chan error, 1)
-	go func() { done <- hub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("hub: %v", err)
-		}
-	})
+	testenv.Go(t, "hub", hub.Run)
 	return hub
 }
 
@@ -84,7 +76,7 @@ func setup(t *testing.T, keepAlive, recheck time.Duration, listen bool) *harness
 func (h *harness) newOrder() order.Order {
 	h.t.Helper()
 	amount, _ := order.ParseAmount("10.00")
-	res, err := orderstore.Insert(context.Background(), h.pool, h.creds.ClientID, order.CreateRequest{
+	res, err := orderstore.Insert(h.t.Context(), h.pool, h.creds.ClientID, order.CreateRequest{
 		RequestID: order.NewRequestID(time.Now()), UserID: 1, Items: []order.Item{{SKU: "SKU-1", Quantity: 1}},
 		Amount: amount, Currency: "CNY",
 	}, orderstore.InsertOptions{})
@@ -98,8 +90,8 @@ func (h *harness) newOrder() order.Order {
 // another process would.
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
 	h.t.Helper()
-	err := pgx.BeginFunc(context.Background(), h.pool, func(tx pgx.Tx) error {
-		_, err := orderstore.Transition(context.Background(), tx, id, from, to, "")
+	err := pgx.BeginFunc(h.t.Context(), h.pool, func(tx pgx.Tx) error {
+		_, err := orderstore.Transition(h.t.Context(), tx, id, from, to, "")
 		return err
 	})
 	if err != nil {
@@ -123,7 +115,7 @@ type stream struct {
 
 func (h *harness) open(srvURL string, key string, orderID string, lastEventID ...string) (*stream, *http.Response) {
 	h.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background()) // the stream is closed by a cleanup, which t.Context() would precede
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srvURL+"/v1/orders/"+orderID+"/events", nil)
 	req.Header.Set("Authorization", "Bearer "+key)
 	for _, v := range lastEventID {

@@ -11,8 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -25,7 +23,8 @@ func TestReadyzNamesTheFailingDependency(t *testing.T) {
 	t.Parallel()
 	db, ns := testenv.DB(t), testenv.OwnNATS(t)
 	nc, js := testenv.Connect(t, ns.URL())
-	env := &app.Env{Config: config.Config{}, Logger: testenv.Logger(t), Pool: db.Pool, NC: nc, JS: js, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, db, nil)
+	env.NC, env.JS = nc, js
 	mux := http.NewServeMux()
 	env.Mount(mux)
 	srv := httptest.NewServer(mux)
@@ -84,7 +83,8 @@ func TestReadyzDependsOnPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	env := &app.Env{Config: config.Config{}, Logger: testenv.Logger(t), Pool: pool, NC: nc, JS: js, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, nil, nil)
+	env.Pool, env.NC, env.JS = pool, nc, js
 	mux := http.NewServeMux()
 	env.Mount(mux)
 	srv := httptest.NewServer(mux)

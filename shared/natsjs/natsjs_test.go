@@ -41,14 +41,7 @@ func TestStreamConfig(t *testing.T) {
 
 func streamConfig(t *testing.T, js jetstream.JetStream, name string) jetstream.StreamConfig {
 	t.Helper()
-	s, err := js.Stream(t.Context(), name)
-	if err != nil {
-		t.Fatalf("stream %s: %v", name, err)
-	}
-	info, err := s.Info(t.Context())
-	if err != nil {
-		t.Fatalf("stream %s: %v", name, err)
-	}
+	_, info := testenv.StreamInfo(t, js, name)
 	return info.Config
 }
 

@@ -106,14 +106,7 @@ func TestRelayPublishesOnceEvenWhenItDiesBeforeStamping(t *testing.T) {
 	if n, _ := outbox.Pending(ctx, db.Pool); n != 0 {
 		t.Fatalf("pending after relay = %d", n)
 	}
-	st, err := nt.JS.Stream(ctx, nt.Topology.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, info := testenv.StreamInfo(t, nt.JS, nt.Topology.Stream)
 	if info.State.Msgs != 1 {
 		t.Fatalf("stream holds %d messages, want 1 (the republish must be dropped)", info.State.Msgs)
 	}

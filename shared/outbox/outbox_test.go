@@ -79,14 +79,7 @@ func pending(t *testing.T, pool *pgxpool.Pool) int {
 // msgIDs counts the stream's messages per Nats-Msg-Id.
 func msgIDs(t *testing.T, js jetstream.JetStream, stream string) map[string]int {
 	t.Helper()
-	s, err := js.Stream(t.Context(), stream)
-	if err != nil {
-		t.Fatalf("stream: %v", err)
-	}
-	info, err := s.Info(t.Context())
-	if err != nil {
-		t.Fatalf("stream info: %v", err)
-	}
+	s, info := testenv.StreamInfo(t, js, stream)
 	ids := map[string]int{}
 	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
 		m, err := s.GetMsg(t.Context(), seq)
@@ -103,15 +96,13 @@ func msgIDs(t *testing.T, js jetstream.JetStream, stream string) map[string]int 
 
 func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	t.Helper()
-	s, err := js.Stream(t.Context(), stream)
-	if err != nil {
-		t.Fatalf("stream: %v", err)
-	}
-	info, err := s.Info(t.Context())
-	if err != nil {
-		t.Fatalf("stream info: %v", err)
-	}
+	_, info := testenv.StreamInfo(t, js, stream)
 	return info.State.Msgs
+}
+
+// newRelay is a relay on the test's database and stream.
+func newRelay(t *testing.T, db *testenv.Database, env *testenv.NATSEnv) *outbox.Relay {
+	return &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
 }
 
 func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
@@ -170,7 +161,7 @@ func TestEnqueueRefusesAMalformedEvent(t *testing.T) {
 
 func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	r := newRelay(t, db, env)
 	e := event()
 	id := enqueue(t, db.Pool, e)
 
@@ -222,7 +213,8 @@ func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
 
 func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t), Batch: 2}
+	r := newRelay(t, db, env)
+	r.Batch = 2
 	var ids []int64
 	for range 3 {
 		ids = append(ids, enqueue(t, db.Pool, event()))
@@ -256,7 +248,8 @@ func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
 
 func TestPublishPendingBatchLimit(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t), Batch: 2}
+	r := newRelay(t, db, env)
+	r.Batch = 2
 	for range 5 {
 		enqueue(t, db.Pool, event())
 	}
@@ -269,7 +262,7 @@ func TestPublishPendingBatchLimit(t *testing.T) {
 
 func TestAClaimedRowIsLeftToItsRelay(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	r := newRelay(t, db, env)
 	id := enqueue(t, db.Pool, event())
 	// Another relay holds the row's lease.
 	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET claimed_until = now() + interval '1 hour' WHERE id = $1`, id); err != nil {
@@ -298,7 +291,7 @@ func TestAClaimedRowIsLeftToItsRelay(t *testing.T) {
 // window, and the broker drops it.
 func TestARepublishInsideTheDuplicateWindowIsDropped(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
-	r := &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	r := newRelay(t, db, env)
 	e := event()
 	id := enqueue(t, db.Pool, e)
 	if err := r.Publish(t.Context(), id); err != nil {

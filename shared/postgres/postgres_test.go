@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io/fs"
-	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -64,25 +63,23 @@ func migrationFiles(t *testing.T) map[int64]string {
 // tables lists the user tables of the public schema, without goose's own.
 func tables(t *testing.T, pool *pgxpool.Pool) []string {
 	t.Helper()
-	rows, err := pool.Query(ctxT(t), `SELECT tablename FROM pg_tables
+	return column[string](t, pool, `SELECT tablename FROM pg_tables
 		WHERE schemaname = 'public' AND tablename <> 'goose_db_version' ORDER BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return names
 }
 
 func appliedVersions(t *testing.T, pool *pgxpool.Pool) []int64 {
 	t.Helper()
-	rows, err := pool.Query(ctxT(t), `SELECT version_id FROM goose_db_version WHERE version_id > 0 AND is_applied ORDER BY id`)
+	return column[int64](t, pool, `SELECT version_id FROM goose_db_version WHERE version_id > 0 AND is_applied ORDER BY id`)
+}
+
+// column returns the one column that the query sql selects, every row.
+func column[T any](t *testing.T, pool *pgxpool.Pool, sql string) []T {
+	t.Helper()
+	rows, err := pool.Query(ctxT(t), sql)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	v, err := pgx.CollectRows(rows, pgx.RowTo[T])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,13 +282,7 @@ func TestIsUniqueViolation(t *testing.T) {
 
 func TestIsTransientConnectionRefused(t *testing.T) {
 	t.Parallel()
-	// A port with nothing listening: take a free one and close it.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := testenv.ClosedPort(t) // nothing listens there
 	url := "postgres://postgres@127.0.0.1:" + strconv.Itoa(port) + "/postgres?sslmode=disable&connect_timeout=2"
 
 	ctx := ctxT(t)

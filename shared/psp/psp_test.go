@@ -34,13 +34,21 @@ func newSetup(t *testing.T) *setup {
 // serve starts a stand-in with opts on the test's database.
 func (s *setup) serve(t *testing.T, opts pspserver.Options) string {
 	t.Helper()
-	srv, err := pspserver.NewServer(s.db.Pool, opts, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	return hs.URL
+	return testenv.ServePSP(t, s.db.Pool, opts)
+}
+
+// client is a provider client, with a one-second timeout, of a stand-in
+// with opts.
+func (s *setup) client(t *testing.T, opts pspserver.Options) *psp.Client {
+	t.Helper()
+	return psp.NewClient(s.serve(t, opts), time.Second)
+}
+
+// newClient is newSetup and a client of a stand-in with opts on it.
+func newClient(t *testing.T, opts pspserver.Options) (*setup, *psp.Client) {
+	t.Helper()
+	s := newSetup(t)
+	return s, s.client(t, opts)
 }
 
 func (s *setup) count(t *testing.T, q string, args ...any) int {
@@ -54,8 +62,7 @@ func (s *setup) count(t *testing.T, q string, args ...any) int {
 
 func TestChargeRepeatReturnsFirstAnswer(t *testing.T) {
 	t.Parallel()
-	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
+	s, c := newClient(t, pspserver.Options{})
 	ctx := t.Context()
 	a, err := c.Charge(ctx, "charge:o1", "39.98", "CNY", "o1")
 	if err != nil || a.Status != psp.StatusSucceeded || a.ID == "" {
@@ -78,14 +85,13 @@ func TestChargeRepeatReturnsFirstAnswer(t *testing.T) {
 
 func TestDeclineIsAnAnswer(t *testing.T) {
 	t.Parallel()
-	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, pspserver.Options{DeclineRate: 1}), time.Second)
+	s, c := newClient(t, pspserver.Options{DeclineRate: 1})
 	a, err := c.Charge(t.Context(), "k-decline", "1.00", "EUR", "o2")
 	if err != nil || a.Status != psp.StatusDeclined || a.Reason == "" {
 		t.Fatalf("charge = %+v, %v; want declined with a reason", a, err)
 	}
 	// A declined charge stays declined for its key, even on a healthy provider.
-	c2 := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
+	c2 := s.client(t, pspserver.Options{})
 	b, err := c2.Charge(t.Context(), "k-decline", "1.00", "EUR", "o2")
 	if err != nil || b != a {
 		t.Fatalf("repeat = %+v, %v; want %+v", b, err, a)
@@ -95,7 +101,7 @@ func TestDeclineIsAnAnswer(t *testing.T) {
 func TestErrorIsTransientAndChargesNothing(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t)
-	bad := psp.NewClient(s.serve(t, pspserver.Options{ErrorRate: 1}), time.Second)
+	bad := s.client(t, pspserver.Options{ErrorRate: 1})
 	_, err := bad.Charge(t.Context(), "k-err", "5.00", "USD", "o3")
 	if !psp.IsTransient(err) {
 		t.Fatalf("err = %v, want transient", err)
@@ -103,7 +109,7 @@ func TestErrorIsTransientAndChargesNothing(t *testing.T) {
 	if n := s.count(t, `SELECT count(*) FROM psp_charges`); n != 0 {
 		t.Fatalf("%d charges after an error, want 0", n)
 	}
-	good := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
+	good := s.client(t, pspserver.Options{})
 	if a, err := good.Charge(t.Context(), "k-err", "5.00", "USD", "o3"); err != nil || a.Status != psp.StatusSucceeded {
 		t.Fatalf("retry = %+v, %v", a, err)
 	}
@@ -238,8 +244,7 @@ func TestVoid(t *testing.T) {
 
 func TestRefund(t *testing.T) {
 	t.Parallel()
-	s := newSetup(t)
-	c := psp.NewClient(s.serve(t, pspserver.Options{}), time.Second)
+	s, c := newClient(t, pspserver.Options{})
 	ctx := t.Context()
 	ch, err := c.Charge(ctx, "charge:o6", "9.99", "CNY", "o6")
 	if err != nil {
@@ -259,7 +264,7 @@ func TestRefund(t *testing.T) {
 	if _, err := c.Refund(ctx, "refund:nope", "ch_unknown"); !isStatus(err, http.StatusNotFound) {
 		t.Fatalf("refund of an unknown charge: %v, want 404", err)
 	}
-	dc := psp.NewClient(s.serve(t, pspserver.Options{DeclineRate: 1}), time.Second)
+	dc := s.client(t, pspserver.Options{DeclineRate: 1})
 	d, err := dc.Charge(ctx, "charge:o7", "1.00", "CNY", "o7")
 	if err != nil {
 		t.Fatal(err)

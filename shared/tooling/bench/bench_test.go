@@ -9,12 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"orderpipe/consumers"
 	"orderpipe/producer"
 	"orderpipe/shared/app"
-	"orderpipe/shared/config"
 	"orderpipe/shared/stock"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/pspserver"
@@ -30,8 +28,8 @@ type stack struct {
 func startStack(t *testing.T, pipeline bool) stack {
 	t.Helper()
 	db, n := testenv.DB(t), testenv.NATS(t)
-	cfg := config.Config{DatabaseURL: db.URL, NATSURL: n.URL, ShutdownTimeout: 5 * time.Second, LogLevel: "info", LogFormat: "text"}
-	env := &app.Env{Config: cfg, Logger: testenv.Logger(t), Pool: db.Pool, NC: n.Conn, JS: n.JS, Topology: n.Topology, Metrics: app.NewRegistry()}
+	env := testenv.Env(t, db, n)
+	env.Config.LogLevel, env.Config.LogFormat = "info", "text"
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"io"
 	"os"
 	"path/filepath"
@@ -26,14 +25,8 @@ func invoke(t *testing.T, cmd *cli.Command, cfg config.Config, args ...string) (
 		c := Command()
 		cmd = &c
 	}
-	fs := flag.NewFlagSet("orderpipe bench", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	cmd.Setup(fs)
-	if err := fs.Parse(args); err != nil {
-		return "", "", cli.Usagef("%v", err)
-	}
 	var out, errOut bytes.Buffer
-	err = cmd.Run(t.Context(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: &out, Stderr: &errOut, Config: cfg})
+	err = testenv.RunCommand(t.Context(), *cmd, cfg, &out, &errOut, args...)
 	return out.String(), errOut.String(), err
 }
 

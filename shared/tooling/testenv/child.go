@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"orderpipe/shared/cli"
 )
@@ -37,4 +38,32 @@ func ChildCommand(args []string, env ...string) *exec.Cmd {
 	cmd.Env = append(append(os.Environ(), childEnv+"="+strings.Join(args, "\n")), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return cmd
+}
+
+// KillAtEnd makes the end of the test kill cmd's process unless exited
+// (closed once cmd.Wait returned) is closed already, and wait for exited;
+// if the test failed, it logs output() as what's output.
+func KillAtEnd(t testing.TB, cmd *exec.Cmd, exited <-chan struct{}, what string, output func() string) {
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", what, output())
+		}
+	})
+}
+
+// WaitExited fails the test unless exited (closed once the child's
+// cmd.Wait returned) is closed within timeout.
+func WaitExited(t testing.TB, exited <-chan struct{}, timeout time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-exited:
+	case <-time.After(timeout):
+		t.Fatalf("%s still running after %s", what, timeout)
+	}
 }

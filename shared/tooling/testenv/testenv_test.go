@@ -36,15 +36,7 @@ func TestNATSTopologiesAreSeparate(t *testing.T) {
 	if _, err := a.JS.Publish(ctx, a.Topology.Prefix+".accepted", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := b.JS.Stream(ctx, b.Topology.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := sb.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != 0 {
+	if _, info := StreamInfo(t, b.JS, b.Topology.Stream); info.State.Msgs != 0 {
 		t.Fatal("stream b got a's message")
 	}
 }
