@@ -26,7 +26,7 @@ import (
 // rule (same answers, same sentinels).
 func TestSendTimeRuleIsTheIntakeRule(t *testing.T) {
 	t.Parallel()
-	if webhook.ErrForbiddenURL != callbackurl.ErrForbiddenURL || webhook.ErrForbiddenAddress != callbackurl.ErrForbiddenAddress {
+	if !errors.Is(webhook.ErrForbiddenURL, callbackurl.ErrForbiddenURL) || !errors.Is(webhook.ErrForbiddenAddress, callbackurl.ErrForbiddenAddress) {
 		t.Fatal("the webhook sentinels are not callbackurl's")
 	}
 	for _, s := range []string{"127.0.0.1", "10.0.0.1", "169.254.169.254", "::1", "::ffff:127.0.0.1", "64:ff9b::a00:1", "8.8.8.8", "2606:4700:4700::1111"} {
