@@ -27,7 +27,7 @@ func Factories() []Factory {
 			return payment.Step(env.Pool, client), nil
 		},
 		func(*app.Env) (step.Step, error) { return confirm.Step(), nil },
-		func(*app.Env) (step.Step, error) { return notify.Step(), nil },
+		func(env *app.Env) (step.Step, error) { return notify.Step(env.Pool), nil },
 	}
 }
 

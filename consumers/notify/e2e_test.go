@@ -119,7 +119,7 @@ func TestWebhooksEndToEnd(t *testing.T) {
 	srv := httptest.NewTLSServer(rc)
 	t.Cleanup(srv.Close)
 
-	pipetest.Start(t, e.App, pipetest.Config(), append(e.Steps(5*time.Second), notify.Step())...)
+	pipetest.Start(t, e.App, pipetest.Config(), append(e.Steps(5*time.Second), notify.Step(e.DB.Pool))...)
 	client := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()})
 	w := &webhook.Worker{Pool: e.DB.Pool, Logger: testenv.Logger(t), Client: client, AllowPrivate: true,
 		Interval: 20 * time.Millisecond, Schedule: []time.Duration{20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond}}
@@ -230,7 +230,7 @@ func TestWebhooksEndToEnd(t *testing.T) {
 func TestMalformedPayloadsAreDeadLettered(t *testing.T) {
 	t.Parallel()
 	e := pipetest.New(t, pspserver.Options{})
-	pipetest.Start(t, e.App, pipetest.Config(), notify.Step())
+	pipetest.Start(t, e.App, pipetest.Config(), notify.Step(e.DB.Pool))
 	ctx := t.Context()
 	known, _ := e.InsertOrder(t, "1.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
 	if _, err := e.DB.Pool.Exec(ctx, `UPDATE orders SET callback_url = 'https://shop.example/h' WHERE order_id = $1`, known); err != nil {
