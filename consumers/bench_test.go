@@ -17,11 +17,6 @@ import (
 // distinct lines each), so that the workers seldom wait on one stock row.
 const benchSKUs = 100
 
-// stepRuns alternates which variant of BenchmarkStep goes first from one
-// -count round to the next, so that neither is always the one that runs
-// on a warmer (or busier) machine.
-var stepRuns int
-
 // BenchmarkStep measures the inventory step through the real router
 // (pipetest.Start) over real NATS and PostgreSQL: b.N orders are stored
 // and their accepted events published the way the intake does, then the
@@ -34,7 +29,15 @@ var stepRuns int
 //
 //	go test -run '^$' -bench Step -benchtime 2000x -count 6 ./consumers/
 //
-// Each variant has a database and a stream of its own.
+// Every run (each b.N of each -count round) has a database and a stream
+// of its own. Go runs the -count rounds of one sub-benchmark back to back
+// (all dedupe rounds, then all no-dedupe rounds); for an A/B on a busy
+// machine, alternate the two in separate runs:
+//
+//	go test -c -o consumers.test ./consumers/
+//	for i in 1 2 3 4 5 6; do
+//	  for v in dedupe no-dedupe; do ./consumers.test -test.run '^$' -test.bench "Step/^$v\$" -test.benchtime 2000x -test.benchmem; done
+//	done
 func BenchmarkStep(b *testing.B) {
 	variants := []struct {
 		name string
@@ -43,18 +46,14 @@ func BenchmarkStep(b *testing.B) {
 		{"dedupe", pipetest.Config()},
 		{"no-dedupe", consumers.WithoutDedupe(pipetest.Config())},
 	}
-	if stepRuns%2 == 1 {
-		variants[0], variants[1] = variants[1], variants[0]
-	}
-	stepRuns++
 	for _, v := range variants {
-		e := pipetest.New(b, pspserver.Options{})
-		e.Quiet(b)
-		for i := range benchSKUs {
-			e.Stock(b, fmt.Sprintf("SKU-%d", i), 1e9)
-		}
 		b.Run(v.name, func(b *testing.B) {
 			ctx := b.Context()
+			e := pipetest.New(b, pspserver.Options{})
+			e.Quiet(b)
+			for i := range benchSKUs {
+				e.Stock(b, fmt.Sprintf("SKU-%d", i), 1e9)
+			}
 			ids := make([]int64, b.N)
 			for i := range ids {
 				_, ids[i] = e.InsertOrder(b, "10.00",
