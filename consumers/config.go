@@ -31,6 +31,11 @@ type Config struct {
 	MaxAckPending int
 	// DrainTimeout bounds the wait for in-flight messages on shutdown.
 	DrainTimeout time.Duration
+
+	// noDedupe skips the dedupe pre-check and the processed_messages row:
+	// the cost of dedupe, measured by BenchmarkStep. Set only by the
+	// tests (export_test.go); no configuration reaches it.
+	noDedupe bool
 }
 
 // Default returns the production settings.

@@ -294,9 +294,11 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			Headers:   headers,
 		}
 		var done bool
-		if err := p.env.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM processed_messages WHERE consumer = $1 AND message_id = $2)`,
-			st.Name, m.ID).Scan(&done); err != nil {
-			return fmt.Errorf("check dedupe row of %s: %w", m.ID, err)
+		if !p.cfg.noDedupe {
+			if err := p.env.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM processed_messages WHERE consumer = $1 AND message_id = $2)`,
+				st.Name, m.ID).Scan(&done); err != nil {
+				return fmt.Errorf("check dedupe row of %s: %w", m.ID, err)
+			}
 		}
 		if done {
 			metrics.HandlerMessages.WithLabelValues(st.Name, metrics.HandlerDuplicate).Inc()
@@ -311,14 +313,17 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			var ids []int64
 			fresh := true
 			err := pgx.BeginFunc(ctx, p.env.Pool, func(tx pgx.Tx) error {
-				tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, st.Name, m.ID)
-				if err != nil {
-					return fmt.Errorf("insert dedupe row: %w", err)
+				if !p.cfg.noDedupe {
+					tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, st.Name, m.ID)
+					if err != nil {
+						return fmt.Errorf("insert dedupe row: %w", err)
+					}
+					if tag.RowsAffected() == 0 {
+						fresh = false
+						return nil
+					}
 				}
-				if tag.RowsAffected() == 0 {
-					fresh = false
-					return nil
-				}
+				var err error
 				ids, err = apply(ctx, tx)
 				return err
 			})

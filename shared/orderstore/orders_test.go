@@ -15,7 +15,7 @@ import (
 	"orderpipe/shared/tooling/testenv"
 )
 
-func newClient(t *testing.T, pool *pgxpool.Pool) uuid.UUID {
+func newClient(t testing.TB, pool *pgxpool.Pool) uuid.UUID {
 	t.Helper()
 	c, err := tenant.Create(t.Context(), pool, "shop")
 	if err != nil {
@@ -24,7 +24,7 @@ func newClient(t *testing.T, pool *pgxpool.Pool) uuid.UUID {
 	return c.ClientID
 }
 
-func request(t *testing.T, rid, amount string) order.CreateRequest {
+func request(t testing.TB, rid, amount string) order.CreateRequest {
 	t.Helper()
 	req, err := order.DecodeCreateRequest([]byte(`{"request_id":"`+rid+`","user_id":7,"items":[{"sku":"SKU-1","quantity":2},{"sku":"SKU-2","quantity":1}],"amount":`+amount+`,"currency":"CNY"}`), order.DecodeOptions{})
 	if err != nil {
