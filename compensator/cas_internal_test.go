@@ -69,7 +69,7 @@ func TestConsumerWinsBetweenReadAndWrite(t *testing.T) {
 			if i == 0 {
 				a, oid, err = c.redrive(ctx, tx, o, Action{OrderID: o.ID, From: o.Status, Kind: KindRedrive, Attempt: o.attempt() + 1})
 			} else {
-				a, oid, err = c.unwind(ctx, tx, o, Action{OrderID: o.ID, From: o.Status, Kind: KindUnwind, Attempt: o.attempt()})
+				a, oid, _, err = c.unwind(ctx, tx, o, Action{OrderID: o.ID, From: o.Status, Kind: KindUnwind, Attempt: o.attempt()})
 			}
 			if err != nil {
 				return err

@@ -443,11 +443,13 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 		if err != nil {
 			return err
 		}
+		var restock []stock.Line
 		for _, o := range claimed {
 			// A savepoint per order: one order's failure does not undo
 			// the others'.
 			var a Action
 			var oid int64
+			var lines []stock.Line
 			err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 				var err error
 				if a, err = c.plan(ctx, sp, o, false); err != nil {
@@ -457,7 +459,7 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 				case KindRedrive:
 					a, oid, err = c.redrive(ctx, sp, o, a)
 				case KindUnwind:
-					a, oid, err = c.unwind(ctx, sp, o, a)
+					a, oid, lines, err = c.unwind(ctx, sp, o, a)
 				}
 				if err == nil && a.Kind == KindSkip {
 					return errSkip
@@ -478,6 +480,7 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 				outboxIDs = append(outboxIDs, oid)
 			default:
 				actions = append(actions, a)
+				restock = append(restock, lines...)
 				if oid != 0 {
 					outboxIDs = append(outboxIDs, oid)
 				}
@@ -486,7 +489,9 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 				return err
 			}
 		}
-		return nil
+		// The unwound orders' stock, each SKU once, in SKU order, at the
+		// end: the rows are locked for the commit only.
+		return stock.Restock(ctx, tx, restock)
 	})
 	if err != nil {
 		return 0, uuid.Nil, fmt.Errorf("compensator batch after %s: %w", cursor, err)
@@ -668,38 +673,41 @@ func (c *Compensator) redrive(ctx context.Context, tx pgx.Tx, o stuckOrder, a Ac
 }
 
 // unwind applies the planned unwind a: it undoes what was done for o and
-// cancels it, in tx: stock released, a refund of any charge recorded as due
-// (the provider is called after the commit), the order moved to cancelled
-// if it is still where it was read.
-func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder, a Action) (Action, int64, error) {
+// cancels it, in tx: its reservations released (the returned lines, which
+// the batch gives back to the stock at its end, every SKU once and in SKU
+// order, so that no stock row is held across the batch's other orders), a
+// refund of any charge recorded as due (the provider is called after the
+// commit), the order moved to cancelled if it is still where it was read.
+func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder, a Action) (Action, int64, []stock.Line, error) {
 	spent := a.Attempt
 	tag, err := tx.Exec(ctx, claimCAS, o.ID, string(o.Status), o.Attempts, o.RedriveStatus, o.Attempts)
 	if err != nil {
-		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
+		return a, 0, nil, fmt.Errorf("unwind order %s: %w", o.ID, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return c.skip(o, "the order changed since it was read"), 0, nil
+		return c.skip(o, "the order changed since it was read"), 0, nil, nil
 	}
-	if _, err := stock.Release(ctx, tx, o.ID); err != nil {
-		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
+	lines, err := stock.Unreserve(ctx, tx, o.ID)
+	if err != nil {
+		return a, 0, nil, fmt.Errorf("unwind order %s: %w", o.ID, err)
 	}
 	if err := markRefundDue(ctx, tx, o.ID); err != nil {
-		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
+		return a, 0, nil, fmt.Errorf("unwind order %s: %w", o.ID, err)
 	}
 	public := fmt.Sprintf("not completed in time: no progress in %s after %d re-drives", o.Status, spent)
 	moved, err := orderstore.Transition(ctx, tx, o.ID, o.Status, order.StatusCancelled, public)
 	if err != nil {
-		return a, 0, fmt.Errorf("unwind order %s: %w", o.ID, err)
+		return a, 0, nil, fmt.Errorf("unwind order %s: %w", o.ID, err)
 	}
 	if !moved.OK {
 		// Cannot happen while the row is locked and the CAS held; if it
 		// does, the consumer won and we do nothing.
-		return c.skip(o, fmt.Sprintf("the order is %s now", moved.Current)), 0, nil
+		return c.skip(o, fmt.Sprintf("the order is %s now", moved.Current)), 0, nil, nil
 	}
 	if err := c.record(ctx, tx, a); err != nil {
-		return a, 0, err
+		return a, 0, nil, err
 	}
-	return a, moved.OutboxID, nil
+	return a, moved.OutboxID, lines, nil
 }
 
 // eventPending reports whether an event of the order still waits in the

@@ -1,7 +1,8 @@
 // Package stock owns the inventory and reservations tables: what is
 // available per SKU, and what each order holds. The stock step
 // (consumers/inventory) reserves through Reserve; the payment step and the
-// compensator give an order's stock back through Release, exactly once.
+// compensator give an order's stock back through Release (or, for many orders in one
+// transaction, Unreserve each and Restock them together), exactly once.
 //
 // Stock is conserved: for every SKU, the initial quantity equals available
 // plus the quantities of reservations not released.
@@ -107,35 +108,62 @@ func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, ls []Line) (prob
 // transaction, and returns how many reservation lines it released. Each
 // line is released exactly once however often Release runs (released_at is
 // set by a conditional update), so the compensator and the payment step
-// may both call it.
+// may both call it. It is Unreserve then Restock.
 func Release(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) (int, error) {
+	ls, err := Unreserve(ctx, tx, orderID)
+	if err != nil {
+		return 0, err
+	}
+	if err := Restock(ctx, tx, ls); err != nil {
+		return 0, fmt.Errorf("release stock of order %s: %w", orderID, err)
+	}
+	return len(ls), nil
+}
+
+// Unreserve marks the reservations an order still holds released, in the
+// caller's transaction, and returns their lines: stock that the same
+// transaction must give back with Restock before it commits (until then
+// the stock is neither held nor available). It locks no inventory row, so a
+// caller that releases many orders in one transaction (the compensator's
+// batch) can Restock them all at its end, each SKU once, in SKU order.
+func Unreserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) ([]Line, error) {
 	rows, err := tx.Query(ctx, `
 		UPDATE reservations SET released_at = now()
 		WHERE order_id = $1 AND released_at IS NULL
 		RETURNING sku, quantity`, orderID)
 	if err != nil {
-		return 0, fmt.Errorf("release stock of order %s: %w", orderID, err)
+		return nil, fmt.Errorf("release stock of order %s: %w", orderID, err)
 	}
-	var ls []Line
-	for rows.Next() {
+	ls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Line, error) {
 		var l Line
-		if err := rows.Scan(&l.SKU, &l.Qty); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		ls = append(ls, l)
+		return l, r.Scan(&l.SKU, &l.Qty)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release stock of order %s: %w", orderID, err)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("release stock of order %s: %w", orderID, err)
-	}
-	sort.Slice(ls, func(i, j int) bool { return ls[i].SKU < ls[j].SKU })
+	return ls, nil
+}
+
+// Restock adds lines back to the available stock, in the caller's
+// transaction: each SKU once, with its lines summed, in SKU order — the
+// order in which Reserve locks them, so two transactions that lock stock
+// never wait for each other in a cycle.
+func Restock(ctx context.Context, tx pgx.Tx, ls []Line) error {
+	sum := map[string]int64{}
 	for _, l := range ls {
-		if _, err := tx.Exec(ctx, `UPDATE inventory SET available = available + $2, updated_at = now() WHERE sku = $1`, l.SKU, l.Qty); err != nil {
-			return 0, fmt.Errorf("give back %d of %s from order %s: %w", l.Qty, l.SKU, orderID, err)
+		sum[l.SKU] += l.Qty
+	}
+	skus := make([]string, 0, len(sum))
+	for sku := range sum {
+		skus = append(skus, sku)
+	}
+	sort.Strings(skus)
+	for _, sku := range skus {
+		if _, err := tx.Exec(ctx, `UPDATE inventory SET available = available + $2, updated_at = now() WHERE sku = $1`, sku, sum[sku]); err != nil {
+			return fmt.Errorf("give back %d of %s: %w", sum[sku], sku, err)
 		}
 	}
-	return len(ls), nil
+	return nil
 }
 
 // skuRe is what `inventory set` accepts as a SKU.
