@@ -293,8 +293,15 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			Delivered: metaInt(msg, metaDelivered),
 			Headers:   headers,
 		}
+		// A redelivery may find its work done (the commit went through and
+		// the ack was lost): the pre-check skips it before Handle, which may
+		// call the provider. A first delivery has no such past, so it skips
+		// the read: the dedupe row in the commit's transaction decides in
+		// any case (a copy published twice beyond the broker's duplicate
+		// window finds it there, and a provider call before it is made with
+		// the same Idempotency-Key, so it gets the same answer).
 		var done bool
-		if !p.cfg.noDedupe {
+		if !p.cfg.noDedupe && m.Delivered > 1 {
 			if err := p.env.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM processed_messages WHERE consumer = $1 AND message_id = $2)`,
 				st.Name, m.ID).Scan(&done); err != nil {
 				return fmt.Errorf("check dedupe row of %s: %w", m.ID, err)
