@@ -22,8 +22,9 @@ const benchSKUs = 100
 // and their accepted events published the way the intake does, then the
 // router starts and the clock runs until every order has left processing.
 // ns/op is wall time per message. dedupe is the production handler (the
-// pre-check SELECT on processed_messages, then the dedupe row in the
-// step's transaction); no-dedupe is the same handler without both
+// dedupe row in the step's transaction; the pre-check SELECT on
+// processed_messages runs on redeliveries only, so not here); no-dedupe is
+// the same handler without both
 // (consumers.WithoutDedupe, a test-only switch), so the ratio of the two
 // is the cost of dedupe:
 //

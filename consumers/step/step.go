@@ -3,8 +3,8 @@
 // router in package consumers runs them all the same way.
 //
 // A step reads the events it names from a durable JetStream consumer named
-// after the step. For every message the router decodes the event, skips it
-// when the step's dedupe row exists, and calls Handle with a Commit. Handle
+// after the step. For every message the router decodes the event, skips a
+// redelivery whose dedupe row exists, and calls Handle with a Commit. Handle
 // may first do work outside any transaction (a call to the payment
 // provider, which must be safe to repeat), then calls Commit once: Commit
 // opens ONE PostgreSQL transaction, inserts (step, message id) into
