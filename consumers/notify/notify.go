@@ -61,6 +61,11 @@ func Apply(ctx context.Context, tx pgx.Tx, ev orderevent.Event) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("notify %s of order %s: %w", ev.Name, ev.OrderID, err)
 	}
+	return applyTo(ctx, tx, o, ev)
+}
+
+// applyTo is Apply for the order o, already read.
+func applyTo(ctx context.Context, tx pgx.Tx, o order.Order, ev orderevent.Event) (bool, error) {
 	if o.CallbackURL == "" {
 		return false, nil
 	}

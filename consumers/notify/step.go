@@ -31,8 +31,12 @@ func Step(db postgres.DB) step.Step {
 		if o.CallbackURL == "" {
 			return nil
 		}
+		// The order as read above, not read again in the transaction: the
+		// change itself comes from the history there, and the rest is
+		// fixed at creation but for updated_at, which either read takes
+		// after the change committed.
 		_, err = commit(ctx, func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
-			_, err := Apply(ctx, tx, m.Event)
+			_, err := applyTo(ctx, tx, o, m.Event)
 			if errors.Is(err, ErrNoHistory) {
 				return nil, step.Permanent(err)
 			}
