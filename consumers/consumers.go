@@ -32,14 +32,12 @@ import (
 	wmetrics "github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"orderpipe/consumers/step"
 	"orderpipe/shared/app"
-	"orderpipe/shared/failpoint"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
@@ -264,6 +262,7 @@ func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 // handler runs one step for one message: decode, skip what is done, Handle
 // with a Commit that does the dedupe row and the effect in one transaction.
 func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
+	c := &committer{p: p, step: st.Name}
 	return func(msg *message.Message) error {
 		t0 := time.Now()
 		defer func() { metrics.HandlerDuration.WithLabelValues(st.Name).Observe(time.Since(t0).Seconds()) }()
@@ -315,43 +314,11 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 		committed := false
 		commit := func(ctx context.Context, apply step.Apply) (bool, error) {
 			if committed {
-				return false, errors.New("commit called twice in one handler run")
+				return false, errCommitTwice
 			}
-			var ids []int64
-			fresh := true
-			err := pgx.BeginFunc(ctx, p.env.Pool, func(tx pgx.Tx) error {
-				if !p.cfg.noDedupe {
-					tag, err := tx.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, st.Name, m.ID)
-					if err != nil {
-						return fmt.Errorf("insert dedupe row: %w", err)
-					}
-					if tag.RowsAffected() == 0 {
-						fresh = false
-						return nil
-					}
-				}
-				var err error
-				ids, err = apply(ctx, tx)
-				return err
-			})
-			if err != nil {
-				return false, err
-			}
-			committed = true
-			if !fresh {
-				metrics.HandlerMessages.WithLabelValues(st.Name, metrics.HandlerDuplicate).Inc()
-				return false, nil
-			}
-			metrics.HandlerMessages.WithLabelValues(st.Name, metrics.HandlerProcessed).Inc()
-			if err := failpoint.Inject(FailAfterCommit); err != nil {
-				return true, err
-			}
-			p.observeMoves(ctx, ids)
-			if err := p.relay.Publish(ctx, ids...); err != nil {
-				// Committed: the relay publishes the pending rows later.
-				Logger(ctx).WarnContext(ctx, "inline publish after commit; the relay will retry", slog.Any("error", err))
-			}
-			return true, nil
+			r := c.commit(ctx, m.ID, apply)
+			committed = r.committed
+			return r.fresh, r.err
 		}
 		return st.Handle(ctx, m, commit)
 	}

@@ -1,9 +1,40 @@
 package consumers
 
+import (
+	"context"
+
+	"orderpipe/consumers/step"
+	"orderpipe/shared/app"
+	"orderpipe/shared/outbox"
+)
+
 // WithoutDedupe returns c with the dedupe pre-check and the
 // processed_messages row turned off: the same handlers without their
 // dedupe, for BenchmarkStep only. A test build is the only way to it.
 func WithoutDedupe(c Config) Config {
 	c.noDedupe = true
 	return c
+}
+
+// Committer is one step's group commit, reachable by the tests.
+type Committer struct{ c *committer }
+
+// NewCommitter returns the group commit of a step named name on env, as
+// the router builds it for each step.
+func NewCommitter(env *app.Env, name string) *Committer {
+	p := &Pipeline{env: env, cfg: Default(), relay: &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger}}
+	return &Committer{&committer{p: p, step: name}}
+}
+
+// Commit is a handler's Commit through the step's queue.
+func (c *Committer) Commit(ctx context.Context, msgID string, apply step.Apply) (fresh, committed bool, err error) {
+	r := c.c.commit(ctx, msgID, apply)
+	return r.fresh, r.committed, r.err
+}
+
+// Queued is how many commits wait for the next batch.
+func (c *Committer) Queued() int {
+	c.c.mu.Lock()
+	defer c.c.mu.Unlock()
+	return len(c.c.queue)
 }

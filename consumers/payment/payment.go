@@ -115,6 +115,7 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 	}
 	cancelled := false
 	_, err = commit(ctx, func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+		cancelled = false // an apply may run twice (step.Apply); only its last run counts
 		st, err := step.LockStatus(ctx, tx, id)
 		if err != nil {
 			return nil, err

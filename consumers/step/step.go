@@ -7,11 +7,12 @@
 // redelivery whose dedupe row exists, and calls Handle with a Commit. Handle
 // may first do work outside any transaction (a call to the payment
 // provider, which must be safe to repeat), then calls Commit once: Commit
-// opens ONE PostgreSQL transaction, inserts (step, message id) into
-// processed_messages (ON CONFLICT DO NOTHING: zero rows means another
-// delivery already did it, and Apply is not run), runs Apply (the effect
-// and the order's conditional move), commits, and then publishes the outbox
-// events that Apply returned. The message is acked only after Handle
+// runs in ONE PostgreSQL transaction (which concurrent messages of the
+// same step share: a group commit, see package consumers), inserts (step,
+// message id) into processed_messages (ON CONFLICT DO NOTHING: zero rows
+// means another delivery already did it, and Apply is not run), runs Apply
+// (the effect and the order's conditional move), commits, and then
+// publishes the outbox events that Apply returned. The message is acked only after Handle
 // returns nil, so it is acked after the commit, never before.
 package step
 
@@ -47,6 +48,12 @@ type Message struct {
 // Apply is a step's effect. It runs inside the step's transaction, after
 // the dedupe row was inserted, and returns the outbox ids (from
 // orderstore.Transition) to publish right after the commit.
+//
+// The transaction may be shared with other messages of the same step (the
+// router's group commit), and when it fails Apply runs once more, alone, in
+// a transaction of its own: an Apply must use only tx for its effects and
+// keep no state across runs (a variable it sets must be set afresh on each
+// run).
 type Apply func(ctx context.Context, tx pgx.Tx) (publish []int64, err error)
 
 // Commit runs apply in one transaction with the dedupe row, commits, and

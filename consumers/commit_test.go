@@ -1,0 +1,177 @@
+package consumers_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"orderpipe/consumers"
+	"orderpipe/consumers/step"
+	"orderpipe/shared/tooling/testenv"
+)
+
+// commitCase is one handler's Commit in a group-commit test.
+type commitCase struct {
+	msgID string
+	fail  error // what its apply returns
+	// answers:
+	fresh, committed bool
+	err              error
+}
+
+// groupCommit holds the step's flusher in a first commit until every case
+// is queued behind it, so that the cases form one batch, then releases it
+// and collects each case's answer. Each apply that does not fail writes its
+// message id and its transaction's id into gc_effects.
+func groupCommit(t *testing.T, c *consumers.Committer, cases []*commitCase) {
+	t.Helper()
+	effect := func(msgID string, fail error) step.Apply {
+		return func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+			if fail != nil {
+				return nil, fail
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO gc_effects (msg_id, tx) VALUES ($1, txid_current())`, msgID)
+			return nil, err
+		}
+	}
+	release, started := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, _, err := c.Commit(t.Context(), "blocker-"+t.Name(), func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+			close(started)
+			<-release
+			return effect("blocker-"+t.Name(), nil)(ctx, tx)
+		})
+		if err != nil {
+			t.Errorf("blocker: %v", err)
+		}
+	})
+	<-started
+	for _, k := range cases {
+		wg.Go(func() { k.fresh, k.committed, k.err = c.Commit(t.Context(), k.msgID, effect(k.msgID, k.fail)) })
+	}
+	testenv.WaitFor(t, 10*time.Second, "every commit queued behind the blocker", func() bool { return c.Queued() == len(cases) })
+	close(release)
+	wg.Wait()
+}
+
+// effects returns, per message id, the transaction its effect committed in.
+func effects(t *testing.T, db *testenv.Database) map[string]int64 {
+	t.Helper()
+	rows, err := db.Pool.Query(t.Context(), `SELECT msg_id, tx FROM gc_effects`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for rows.Next() {
+		var id string
+		var tx int64
+		if err := rows.Scan(&id, &tx); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = tx
+	}
+	return out
+}
+
+func dedupeRows(t *testing.T, db *testenv.Database, consumer string) map[string]bool {
+	t.Helper()
+	rows, err := db.Pool.Query(t.Context(), `SELECT message_id FROM processed_messages WHERE consumer = $1`, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out
+}
+
+func groupCommitEnv(t *testing.T) (*testenv.Database, *consumers.Committer) {
+	t.Helper()
+	db, n := testenv.DB(t), testenv.NATS(t)
+	if _, err := db.Pool.Exec(t.Context(), `CREATE TABLE gc_effects (msg_id text PRIMARY KEY, tx bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return db, consumers.NewCommitter(testenv.Env(t, db, n), "gc")
+}
+
+// TestGroupCommitSharesOneTransaction: commits queued behind a running
+// batch share one transaction; a message whose dedupe row exists, and the
+// second copy of a message in the same batch, are answered "not fresh" and
+// their apply does not run.
+func TestGroupCommitSharesOneTransaction(t *testing.T) {
+	t.Parallel()
+	db, c := groupCommitEnv(t)
+	if _, err := db.Pool.Exec(t.Context(), `INSERT INTO processed_messages (consumer, message_id) VALUES ('gc', 'm4')`); err != nil {
+		t.Fatal(err)
+	}
+	cases := []*commitCase{{msgID: "m1"}, {msgID: "m2"}, {msgID: "m3"}, {msgID: "m3"}, {msgID: "m4"}}
+	groupCommit(t, c, cases)
+
+	fresh := map[string]int{}
+	for _, k := range cases {
+		if k.err != nil || !k.committed {
+			t.Errorf("%s: committed %v, err %v; want committed", k.msgID, k.committed, k.err)
+		}
+		if k.fresh {
+			fresh[k.msgID]++
+		}
+	}
+	if fresh["m1"] != 1 || fresh["m2"] != 1 || fresh["m3"] != 1 || fresh["m4"] != 0 {
+		t.Errorf("fresh answers per message %v; want m1, m2 and one of the two m3 once, m4 never", fresh)
+	}
+	eff := effects(t, db)
+	if len(eff) != 4 {
+		t.Errorf("effects %v; want the blocker, m1, m2, m3 once each", eff)
+	}
+	if eff["m1"] == 0 || eff["m1"] != eff["m2"] || eff["m2"] != eff["m3"] {
+		t.Errorf("transactions %v: m1, m2 and m3 did not share one", eff)
+	}
+	if eff["m1"] == eff["blocker-"+t.Name()] {
+		t.Errorf("the queued batch ran in the blocker's transaction")
+	}
+	if rows := dedupeRows(t, db, "gc"); !rows["m1"] || !rows["m2"] || !rows["m3"] || !rows["m4"] {
+		t.Errorf("dedupe rows %v", rows)
+	}
+}
+
+// TestGroupCommitIsolatesAFailingMessage: one apply that fails in a batch
+// fails only its own message (with its own error, no dedupe row, no
+// effect); the others run again alone and commit.
+func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
+	t.Parallel()
+	db, c := groupCommitEnv(t)
+	boom := step.Permanent(errors.New("this order cannot be served"))
+	cases := []*commitCase{{msgID: "f1"}, {msgID: "f2", fail: boom}, {msgID: "f3"}}
+	groupCommit(t, c, cases)
+
+	for _, k := range cases {
+		switch {
+		case k.fail != nil:
+			if !errors.Is(k.err, boom) || k.committed || k.fresh {
+				t.Errorf("%s: err %v committed %v fresh %v; want its own error, not committed", k.msgID, k.err, k.committed, k.fresh)
+			}
+		case k.err != nil || !k.committed || !k.fresh:
+			t.Errorf("%s: err %v committed %v fresh %v; want committed and fresh", k.msgID, k.err, k.committed, k.fresh)
+		}
+	}
+	eff := effects(t, db)
+	if _, ok := eff["f2"]; ok || eff["f1"] == 0 || eff["f3"] == 0 {
+		t.Errorf("effects %v; want f1 and f3, not f2", eff)
+	}
+	if eff["f1"] == eff["f3"] {
+		t.Errorf("f1 and f3 committed in one transaction after the batch failed; want each alone")
+	}
+	if rows := dedupeRows(t, db, "gc"); !rows["f1"] || rows["f2"] || !rows["f3"] {
+		t.Errorf("dedupe rows %v; want f1 and f3 only", rows)
+	}
+}
