@@ -43,8 +43,8 @@ const maxCommitBatch = 64
 
 type commitJob struct {
 	ctx   context.Context
-	msgID string
-	apply step.Apply
+	msg   step.Message
+	apply step.Apply // nil for a step.Batch step
 	done  chan commitResult
 }
 
@@ -60,8 +60,11 @@ type commitResult struct {
 
 // committer is one step's queue and flusher.
 type committer struct {
-	p        *Pipeline
-	step     string
+	p    *Pipeline
+	step string
+	// batch is the step's set-based work (step.Step.Batch), run once per
+	// batch; nil: each message's own apply runs in turn.
+	batch    step.Batch
 	mu       sync.Mutex
 	queue    []*commitJob
 	flushing bool
@@ -69,8 +72,8 @@ type committer struct {
 
 // commit queues one message's apply for the step's next transaction and
 // waits for the outcome (after the commit and the inline publish).
-func (c *committer) commit(ctx context.Context, msgID string, apply step.Apply) commitResult {
-	j := &commitJob{ctx: ctx, msgID: msgID, apply: apply, done: make(chan commitResult, 1)}
+func (c *committer) commit(ctx context.Context, m step.Message, apply step.Apply) commitResult {
+	j := &commitJob{ctx: ctx, msg: m, apply: apply, done: make(chan commitResult, 1)}
 	c.mu.Lock()
 	c.queue = append(c.queue, j)
 	if !c.flushing {
@@ -164,6 +167,20 @@ func (c *committer) transact(batch []*commitJob) (fresh []bool, ids []int64, err
 		if err := c.dedupe(ctx, tx, batch, fresh); err != nil {
 			return err
 		}
+		if c.batch != nil {
+			var ms []step.Message
+			for i, j := range batch {
+				if fresh[i] {
+					ms = append(ms, j.msg)
+				}
+			}
+			if len(ms) == 0 {
+				return nil
+			}
+			out, err := c.batch(ctx, tx, ms)
+			ids = out
+			return err
+		}
 		for i, j := range batch {
 			if !fresh[i] {
 				continue
@@ -199,7 +216,7 @@ func (c *committer) dedupe(ctx context.Context, tx pgx.Tx, batch []*commitJob, f
 	}
 	msgIDs := make([]string, len(batch))
 	for i, j := range batch {
-		msgIDs[i] = j.msgID
+		msgIDs[i] = j.msg.ID
 	}
 	rows, err := tx.Query(ctx, `
 		INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[])
@@ -216,8 +233,8 @@ func (c *committer) dedupe(ctx context.Context, tx pgx.Tx, batch []*commitJob, f
 		isNew[id] = true
 	}
 	for i, j := range batch {
-		fresh[i] = isNew[j.msgID]
-		delete(isNew, j.msgID)
+		fresh[i] = isNew[j.msg.ID]
+		delete(isNew, j.msg.ID)
 	}
 	return nil
 }

@@ -12,7 +12,7 @@ import (
 // Environment variables of `orderpipe consumers`.
 // EnvWorkers is the consumers' own variable; the redelivery policy's are in
 // shared/redelivery.
-var EnvWorkers = config.IntSetting("ORDERPIPE_CONSUMER_WORKERS", "messages each step handles at once in one process", 8, 1)
+var EnvWorkers = config.IntSetting("ORDERPIPE_CONSUMER_WORKERS", "messages each step handles at once in one process", 64, 1)
 
 // Config is the router's configuration.
 type Config struct {

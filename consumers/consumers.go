@@ -117,8 +117,8 @@ func Build(env *app.Env, cfg Config, steps ...step.Step) (*Pipeline, error) {
 	)
 	seen := map[string]bool{}
 	for _, st := range steps {
-		if st.Name == "" || seen[st.Name] || len(st.Events) == 0 || st.Handle == nil {
-			return nil, fmt.Errorf("step %q: want a unique name, events and a handler", st.Name)
+		if st.Name == "" || seen[st.Name] || len(st.Events) == 0 || (st.Handle == nil) == (st.Batch == nil) {
+			return nil, fmt.Errorf("step %q: want a unique name, events and a handler or a batch (one of them)", st.Name)
 		}
 		seen[st.Name] = true
 		var subjects []string
@@ -262,7 +262,7 @@ func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 // handler runs one step for one message: decode, skip what is done, Handle
 // with a Commit that does the dedupe row and the effect in one transaction.
 func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
-	c := &committer{p: p, step: st.Name}
+	c := &committer{p: p, step: st.Name, batch: st.Batch}
 	return func(msg *message.Message) error {
 		t0 := time.Now()
 		defer func() { metrics.HandlerDuration.WithLabelValues(st.Name).Observe(time.Since(t0).Seconds()) }()
@@ -291,6 +291,7 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			Event:     ev,
 			Delivered: metaInt(msg, metaDelivered),
 			Headers:   headers,
+			Ctx:       ctx,
 		}
 		// A redelivery may find its work done (the commit went through and
 		// the ack was lost): the pre-check skips it before Handle, which may
@@ -316,9 +317,13 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			if committed {
 				return false, errCommitTwice
 			}
-			r := c.commit(ctx, m.ID, apply)
+			r := c.commit(ctx, m, apply)
 			committed = r.committed
 			return r.fresh, r.err
+		}
+		if st.Batch != nil {
+			_, err := commit(ctx, nil)
+			return err
 		}
 		return st.Handle(ctx, m, commit)
 	}

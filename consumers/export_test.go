@@ -28,7 +28,7 @@ func NewCommitter(env *app.Env, name string) *Committer {
 
 // Commit is a handler's Commit through the step's queue.
 func (c *Committer) Commit(ctx context.Context, msgID string, apply step.Apply) (fresh, committed bool, err error) {
-	r := c.c.commit(ctx, msgID, apply)
+	r := c.c.commit(ctx, step.Message{ID: msgID}, apply)
 	return r.fresh, r.committed, r.err
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -287,6 +288,13 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 	counted := func(i int) []step.Step {
 		steps := e.Steps(5 * time.Second)
 		for j := range steps {
+			if inner := steps[j].Batch; inner != nil {
+				steps[j].Batch = func(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
+					handled[i].Add(int64(len(ms)))
+					return inner(ctx, tx, ms)
+				}
+				continue
+			}
 			inner := steps[j].Handle
 			steps[j].Handle = func(ctx context.Context, m step.Message, c step.Commit) error {
 				handled[i].Add(1)

@@ -18,15 +18,13 @@ const Name = "confirm"
 
 // Step returns the confirmation step.
 func Step() step.Step {
-	return step.TxStep(Name, []orderevent.Name{orderevent.Paid}, func(ctx context.Context, tx pgx.Tx, m step.Message) ([]int64, error) {
-		st, err := step.LockStatus(ctx, tx, m.Event.OrderID)
-		if err != nil || st != order.StatusPaid {
-			return nil, err // moved on already: nothing to do
+	return step.BatchStep(Name, []orderevent.Name{orderevent.Paid}, func(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
+		ms = step.FirstPerOrder(ms)
+		moves := make([]orderstore.Move, len(ms))
+		for i, m := range ms {
+			// Conditional: an order that moved on already stays as it is.
+			moves[i] = orderstore.Move{Ctx: m.Ctx, ID: m.Event.OrderID, From: order.StatusPaid, To: order.StatusConfirmed}
 		}
-		moved, err := orderstore.Transition(ctx, tx, m.Event.OrderID, order.StatusPaid, order.StatusConfirmed, "")
-		if err != nil || !moved.OK {
-			return nil, err
-		}
-		return []int64{moved.OutboxID}, nil
+		return step.Published(orderstore.TransitionMany(ctx, tx, moves))
 	})
 }

@@ -23,49 +23,67 @@ const Name = "inventory"
 
 // Step returns the stock step.
 func Step() step.Step {
-	return step.TxStep(Name, []orderevent.Name{orderevent.Accepted}, func(ctx context.Context, tx pgx.Tx, m step.Message) ([]int64, error) {
-		return reserve(ctx, tx, m.Event.OrderID)
-	})
+	return step.BatchStep(Name, []orderevent.Name{orderevent.Accepted}, reserve)
 }
 
-// reserve runs in the step's transaction.
-func reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID) ([]int64, error) {
-	status, err := step.LockStatus(ctx, tx, orderID)
+// reserve runs in the step's transaction, for a batch of messages: it
+// locks their orders (in id order), reserves the stock of those still
+// processing (stock.ReserveMany, in the order the messages came) and moves
+// each to reserved, or to rejected with the reason. An order that moved on
+// (a late or repeated message, or the compensator) is left alone.
+func reserve(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
+	ms = step.FirstPerOrder(ms)
+	rows, err := tx.Query(ctx, `SELECT order_id, status, items FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE`, step.OrderIDs(ms))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
 	}
-	if status != order.StatusProcessing {
-		return nil, nil // moved on (a late or repeated message, or the compensator): nothing to do
+	type locked struct {
+		status order.Status
+		items  []byte
 	}
-	var raw []byte
-	if err := tx.QueryRow(ctx, `SELECT items FROM orders WHERE order_id = $1`, orderID).Scan(&raw); err != nil {
-		return nil, fmt.Errorf("read items of order %s: %w", orderID, err)
-	}
-	ls, err := stock.Lines(raw)
-	if err != nil {
-		return nil, step.Permanent(fmt.Errorf("items of order %s: %w", orderID, err))
-	}
-	problems, err := stock.Reserve(ctx, tx, orderID, ls)
-	if err != nil {
-		return nil, err
-	}
-	if len(problems) > 0 {
-		moved, err := orderstore.Transition(ctx, tx, orderID, order.StatusProcessing, order.StatusRejected, strings.Join(problems, "; "))
-		if err != nil {
-			return nil, err
+	got := make(map[uuid.UUID]locked, len(ms))
+	for rows.Next() {
+		var id uuid.UUID
+		var l locked
+		if err := rows.Scan(&id, &l.status, &l.items); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
 		}
-		return ids(moved), nil
+		got[id] = l
 	}
-	moved, err := orderstore.Transition(ctx, tx, orderID, order.StatusProcessing, order.StatusReserved, "")
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
+	}
+	var wants []stock.Want
+	var todo []step.Message
+	for _, m := range ms {
+		l, ok := got[m.Event.OrderID]
+		if !ok {
+			return nil, fmt.Errorf("lock order %s: %w", m.Event.OrderID, orderstore.ErrNotFound)
+		}
+		if l.status != order.StatusProcessing {
+			continue
+		}
+		ls, err := stock.Lines(l.items)
+		if err != nil {
+			return nil, step.Permanent(fmt.Errorf("items of order %s: %w", m.Event.OrderID, err))
+		}
+		wants, todo = append(wants, stock.Want{OrderID: m.Event.OrderID, Lines: ls}), append(todo, m)
+	}
+	if len(todo) == 0 {
+		return nil, nil
+	}
+	problems, err := stock.ReserveMany(ctx, tx, wants)
 	if err != nil {
 		return nil, err
 	}
-	return ids(moved), nil
-}
-
-func ids(m orderstore.Moved) []int64 {
-	if !m.OK {
-		return nil
+	moves := make([]orderstore.Move, len(todo))
+	for i, m := range todo {
+		moves[i] = orderstore.Move{Ctx: m.Ctx, ID: m.Event.OrderID, From: order.StatusProcessing, To: order.StatusReserved}
+		if len(problems[i]) > 0 {
+			moves[i].To, moves[i].Reason = order.StatusRejected, strings.Join(problems[i], "; ")
+		}
 	}
-	return []int64{m.OutboxID}
+	return step.Published(orderstore.TransitionMany(ctx, tx, moves))
 }

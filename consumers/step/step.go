@@ -22,6 +22,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"orderpipe/shared/order"
@@ -43,6 +44,9 @@ type Message struct {
 	Delivered int
 	// Headers are the message's headers (first value of each).
 	Headers map[string]string
+	// Ctx is the delivery's context (its span, its logger), for a Batch
+	// that runs on another context: the trace its events continue.
+	Ctx context.Context
 }
 
 // Apply is a step's effect. It runs inside the step's transaction, after
@@ -61,6 +65,15 @@ type Apply func(ctx context.Context, tx pgx.Tx) (publish []int64, err error)
 // delivery did the work; apply was not run).
 type Commit func(ctx context.Context, apply Apply) (done bool, err error)
 
+// Batch is the whole work of a step whose work is its transaction: the
+// effect for many messages at once, set-based, in one transaction after
+// their dedupe rows. ms are the batch's fresh messages in the order they
+// came (two of them may name the same order: a redelivery beside a
+// re-drive); it returns the outbox ids to publish after the commit. An
+// error fails the batch, which then runs again one message at a time, so
+// that an error (a permanent one, say) belongs to one message.
+type Batch func(ctx context.Context, tx pgx.Tx, ms []Message) (publish []int64, err error)
+
 // Step is one pipeline step.
 type Step struct {
 	// Name is the durable consumer's name and the consumer column of
@@ -72,14 +85,54 @@ type Step struct {
 	// error marked Permanent (or a malformed event, an impossible
 	// transition) dead-letters the message; any other error is retried.
 	Handle func(ctx context.Context, m Message, commit Commit) error
+	// Batch, instead of Handle, is a step whose whole work is its
+	// transaction: the router runs it on the batches of its group commit.
+	Batch Batch
 }
 
-// TxStep is a step whose whole work is its transaction.
-func TxStep(name string, events []orderevent.Name, apply func(ctx context.Context, tx pgx.Tx, m Message) ([]int64, error)) Step {
-	return Step{Name: name, Events: events, Handle: func(ctx context.Context, m Message, commit Commit) error {
-		_, err := commit(ctx, func(ctx context.Context, tx pgx.Tx) ([]int64, error) { return apply(ctx, tx, m) })
-		return err
-	}}
+// BatchStep is a step whose whole work is its transaction, done for a
+// batch of messages at once.
+func BatchStep(name string, events []orderevent.Name, batch Batch) Step {
+	return Step{Name: name, Events: events, Batch: batch}
+}
+
+// FirstPerOrder returns, of a batch's messages, the first one of each
+// order, in the order they came: a later message of the same order finds
+// the order moved on by the first, and has nothing to do.
+func FirstPerOrder(ms []Message) []Message {
+	seen := make(map[uuid.UUID]bool, len(ms))
+	var out []Message
+	for _, m := range ms {
+		if !seen[m.Event.OrderID] {
+			seen[m.Event.OrderID] = true
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Published returns the outbox ids of the moves that happened, for a step
+// to return to the router: Published(orderstore.TransitionMany(…)).
+func Published(ms []orderstore.Moved, err error) ([]int64, error) {
+	if err != nil {
+		return nil, err
+	}
+	var ids []int64
+	for _, m := range ms {
+		if m.OK {
+			ids = append(ids, m.OutboxID)
+		}
+	}
+	return ids, nil
+}
+
+// OrderIDs returns the orders of ms.
+func OrderIDs(ms []Message) []uuid.UUID {
+	out := make([]uuid.UUID, len(ms))
+	for i, m := range ms {
+		out[i] = m.Event.OrderID
+	}
+	return out
 }
 
 type permanent struct{ err error }

@@ -11,8 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/order"
-	"orderpipe/shared/orderevent"
-	"orderpipe/shared/tracing"
 )
 
 // NewOrder is one create request of a batch.
@@ -105,61 +103,19 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 		if len(got) == 0 {
 			return nil
 		}
-		rows, err = tx.Query(ctx, `
-			INSERT INTO order_events (order_id, seq, status) SELECT unnest($1::uuid[]), 1, 'processing'
-			RETURNING order_id, occurred_at`, got)
-		if err != nil {
-			return fmt.Errorf("record accepted orders: %w", err)
-		}
-		occurred := make(map[uuid.UUID]time.Time, len(got))
-		for rows.Next() {
-			var id uuid.UUID
-			var at time.Time
-			if err := rows.Scan(&id, &at); err != nil {
-				rows.Close()
-				return err
-			}
-			occurred[id] = at
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("record accepted orders: %w", err)
-		}
-		msgIDs, events, payloads, headers := make([]string, len(got)), make([]string, len(got)), make([][]byte, len(got)), make([][]byte, len(got))
+		changes := make([]Change, len(got))
 		for k, id := range got {
 			i := byID[id]
-			e := orderevent.Event{Version: orderevent.Version, Name: orderevent.Accepted, OrderID: id, ClientID: reqs[i].ClientID,
-				RequestID: rids[i], Status: order.StatusProcessing, OccurredAt: occurred[id].UTC()}
-			p, err := orderevent.Encode(e)
-			if err != nil {
-				return fmt.Errorf("encode accepted event of order %s: %w", id, err)
-			}
-			h := e.Headers()
-			tracing.Inject(reqs[i].Ctx, h)
-			hb, err := json.Marshal(h)
-			if err != nil {
-				return err
-			}
-			msgIDs[k], events[k], payloads[k], headers[k] = e.MsgID(), string(e.Name), p, hb
+			changes[k] = Change{Ctx: reqs[i].Ctx, OrderID: id, ClientID: reqs[i].ClientID, RequestID: rids[i], Status: order.StatusProcessing}
 		}
-		rows, err = tx.Query(ctx, `
-			INSERT INTO outbox (msg_id, event, payload, headers, order_id)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])
-			RETURNING id, order_id`, msgIDs, events, payloads, headers, got)
+		oids, err := RecordMany(ctx, tx, changes)
 		if err != nil {
-			return fmt.Errorf("enqueue accepted events: %w", err)
+			return fmt.Errorf("record accepted orders: %w", err)
 		}
-		for rows.Next() {
-			var oid int64
-			var id uuid.UUID
-			if err := rows.Scan(&oid, &id); err != nil {
-				rows.Close()
-				return err
-			}
-			res[byID[id]].OutboxID = oid
+		for k, id := range got {
+			res[byID[id]].OutboxID = oids[k]
 		}
-		rows.Close()
-		return rows.Err()
+		return nil
 	})
 	if err != nil {
 		return nil, err

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -45,26 +46,76 @@ const (
 
 // Enqueue writes e to the outbox in the caller's transaction (tx is a
 // pgx.Tx; a pool would commit the event apart from the change it
-// announces, which defeats the point) and returns its row id.
+// announces, which defeats the point) and returns its row id. The event's
+// headers carry ctx's trace.
 func Enqueue(ctx context.Context, tx postgres.DB, e orderevent.Event) (int64, error) {
-	payload, err := orderevent.Encode(e)
-	if err != nil {
-		return 0, fmt.Errorf("encode %s event of order %s: %w", e.Name, e.OrderID, err)
-	}
-	h := e.Headers()
-	tracing.Inject(ctx, h) // the change's trace continues in every handler
-	headers, err := json.Marshal(h)
+	ids, err := EnqueueMany(ctx, tx, []Entry{{Ctx: ctx, Event: e}})
 	if err != nil {
 		return 0, err
 	}
-	var id int64
-	err = tx.QueryRow(ctx,
-		`INSERT INTO outbox (msg_id, event, payload, headers, order_id) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
-		e.MsgID(), string(e.Name), payload, headers, e.OrderID).Scan(&id)
-	if err != nil {
-		return 0, fmt.Errorf("enqueue %s event of order %s: %w", e.Name, e.OrderID, err)
+	return ids[0], nil
+}
+
+// Entry is one event for EnqueueMany, with the context whose trace its
+// headers carry (nil: EnqueueMany's ctx).
+type Entry struct {
+	Ctx   context.Context
+	Event orderevent.Event
+}
+
+// EnqueueMany writes events to the outbox in the caller's transaction in
+// one statement (a group commit's events) and returns their row ids, in
+// the order given. No two of them may have the same order and message id.
+func EnqueueMany(ctx context.Context, tx postgres.DB, ps []Entry) ([]int64, error) {
+	n := len(ps)
+	msgIDs, events, payloads, headers, orders := make([]string, n), make([]string, n), make([][]byte, n), make([][]byte, n), make([]uuid.UUID, n)
+	at := make(map[string]int, n)
+	for i, p := range ps {
+		e := p.Event
+		payload, err := orderevent.Encode(e)
+		if err != nil {
+			return nil, fmt.Errorf("encode %s event of order %s: %w", e.Name, e.OrderID, err)
+		}
+		tctx := p.Ctx
+		if tctx == nil {
+			tctx = ctx
+		}
+		h := e.Headers()
+		tracing.Inject(tctx, h) // the change's trace continues in every handler
+		hb, err := json.Marshal(h)
+		if err != nil {
+			return nil, err
+		}
+		msgIDs[i], events[i], payloads[i], headers[i], orders[i] = e.MsgID(), string(e.Name), payload, hb, e.OrderID
+		key := e.OrderID.String() + " " + msgIDs[i]
+		if _, dup := at[key]; dup {
+			return nil, fmt.Errorf("enqueue %s event of order %s twice in one statement", e.Name, e.OrderID)
+		}
+		at[key] = i
 	}
-	return id, nil
+	rows, err := tx.Query(ctx, `
+		INSERT INTO outbox (msg_id, event, payload, headers, order_id)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])
+		RETURNING id, order_id, msg_id`, msgIDs, events, payloads, headers, orders)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %d event(s): %w", n, err)
+	}
+	ids := make([]int64, n)
+	for rows.Next() {
+		var id int64
+		var oid uuid.UUID
+		var msgID string
+		if err := rows.Scan(&id, &oid, &msgID); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("enqueue %d event(s): %w", n, err)
+		}
+		ids[at[oid.String()+" "+msgID]] = id
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("enqueue %d event(s): %w", n, err)
+	}
+	return ids, nil
 }
 
 // Relay publishes pending outbox rows.

@@ -59,13 +59,39 @@ func Lines(raw []byte) ([]Line, error) {
 // orders never deadlock), and returns the problems (unknown SKU, out of
 // stock) when one line cannot be served, having taken nothing.
 func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, ls []Line) (problems []string, err error) {
-	skus := make([]string, len(ls))
-	for i, l := range ls {
-		skus[i] = l.SKU
+	ps, err := ReserveMany(ctx, tx, []Want{{OrderID: orderID, Lines: ls}})
+	if err != nil {
+		return nil, err
+	}
+	return ps[0], nil
+}
+
+// Want is one order's lines for ReserveMany.
+type Want struct {
+	OrderID uuid.UUID
+	Lines   []Line
+}
+
+// ReserveMany is Reserve for many orders in one transaction, set-based: it
+// locks the rows of every SKU that any of them names once, in SKU order,
+// serves the orders in the order given (each all of its lines or none,
+// from what the earlier ones left), and writes the stock and the
+// reservations in one statement each. It returns each order's problems
+// (none: reserved).
+func ReserveMany(ctx context.Context, tx pgx.Tx, ws []Want) ([][]string, error) {
+	var skus []string
+	seen := map[string]bool{}
+	for _, w := range ws {
+		for _, l := range w.Lines {
+			if !seen[l.SKU] {
+				seen[l.SKU] = true
+				skus = append(skus, l.SKU)
+			}
+		}
 	}
 	rows, err := tx.Query(ctx, `SELECT sku, available FROM inventory WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`, skus)
 	if err != nil {
-		return nil, fmt.Errorf("lock stock of order %s: %w", orderID, err)
+		return nil, fmt.Errorf("lock stock of %d order(s): %w", len(ws), err)
 	}
 	avail := map[string]int64{}
 	for rows.Next() {
@@ -79,29 +105,55 @@ func Reserve(ctx context.Context, tx pgx.Tx, orderID uuid.UUID, ls []Line) (prob
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("lock stock of order %s: %w", orderID, err)
+		return nil, fmt.Errorf("lock stock of %d order(s): %w", len(ws), err)
 	}
-	for _, l := range ls {
-		n, ok := avail[l.SKU]
-		switch {
-		case !ok:
-			problems = append(problems, fmt.Sprintf("unknown sku %s", l.SKU))
-		case n < l.Qty:
-			problems = append(problems, fmt.Sprintf("out of stock: %s (wanted %d, available %d)", l.SKU, l.Qty, n))
+	out := make([][]string, len(ws))
+	taken := map[string]int64{}
+	var rOrders []uuid.UUID
+	var rSKUs []string
+	var rQty []int64
+	for i, w := range ws {
+		for _, l := range w.Lines {
+			n, ok := avail[l.SKU]
+			switch {
+			case !ok:
+				out[i] = append(out[i], fmt.Sprintf("unknown sku %s", l.SKU))
+			case n < l.Qty:
+				out[i] = append(out[i], fmt.Sprintf("out of stock: %s (wanted %d, available %d)", l.SKU, l.Qty, n))
+			}
+		}
+		if len(out[i]) > 0 {
+			continue
+		}
+		for _, l := range w.Lines {
+			avail[l.SKU] -= l.Qty
+			taken[l.SKU] += l.Qty
+			rOrders, rSKUs, rQty = append(rOrders, w.OrderID), append(rSKUs, l.SKU), append(rQty, l.Qty)
 		}
 	}
-	if len(problems) > 0 {
-		return problems, nil
+	if len(rOrders) == 0 {
+		return out, nil
 	}
-	for _, l := range ls {
-		if _, err := tx.Exec(ctx, `UPDATE inventory SET available = available - $2, updated_at = now() WHERE sku = $1`, l.SKU, l.Qty); err != nil {
-			return nil, fmt.Errorf("take %d of %s for order %s: %w", l.Qty, l.SKU, orderID, err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO reservations (order_id, sku, quantity) VALUES ($1, $2, $3)`, orderID, l.SKU, l.Qty); err != nil {
-			return nil, fmt.Errorf("reserve %s for order %s: %w", l.SKU, orderID, err)
-		}
+	tSKUs := make([]string, 0, len(taken))
+	for sku := range taken {
+		tSKUs = append(tSKUs, sku)
 	}
-	return nil, nil
+	sort.Strings(tSKUs)
+	tQty := make([]int64, len(tSKUs))
+	for i, sku := range tSKUs {
+		tQty[i] = taken[sku]
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE inventory i SET available = i.available - v.qty, updated_at = now()
+		FROM unnest($1::text[], $2::bigint[]) AS v(sku, qty) WHERE i.sku = v.sku`, tSKUs, tQty); err != nil {
+		return nil, fmt.Errorf("take the stock of %d order(s): %w", len(ws), err)
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO reservations (order_id, sku, quantity)
+		SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[])`, rOrders, rSKUs, rQty); err != nil {
+		return nil, fmt.Errorf("reserve the stock of %d order(s): %w", len(ws), err)
+	}
+	return out, nil
 }
 
 // Release gives back the stock that an order still holds, in the caller's
