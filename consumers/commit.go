@@ -106,7 +106,10 @@ func (c *committer) flushLoop() {
 // next batch need not wait) publishes its events and answers its handlers.
 // A failed batch of more than one runs again message by message.
 func (c *committer) flush(batch []*commitJob) {
+	t0 := time.Now()
 	fresh, ids, err := c.transact(batch)
+	metrics.StepBatchSize.WithLabelValues(c.step).Observe(float64(len(batch)))
+	metrics.StepBatchDuration.WithLabelValues(c.step).Observe(time.Since(t0).Seconds())
 	if err != nil {
 		if len(batch) == 1 {
 			batch[0].done <- commitResult{err: err}

@@ -117,8 +117,8 @@ func Build(env *app.Env, cfg Config, steps ...step.Step) (*Pipeline, error) {
 	)
 	seen := map[string]bool{}
 	for _, st := range steps {
-		if st.Name == "" || seen[st.Name] || len(st.Events) == 0 || (st.Handle == nil) == (st.Batch == nil) {
-			return nil, fmt.Errorf("step %q: want a unique name, events and a handler or a batch (one of them)", st.Name)
+		if st.Name == "" || seen[st.Name] || len(st.Events) == 0 || (st.Handle == nil) == (st.Batch == nil) || (st.Prepare != nil && st.Batch == nil) {
+			return nil, fmt.Errorf("step %q: want a unique name, events, and a Handle or a Batch (with or without a Prepare)", st.Name)
 		}
 		seen[st.Name] = true
 		var subjects []string
@@ -321,7 +321,19 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			committed = r.committed
 			return r.fresh, r.err
 		}
-		if st.Batch != nil {
+		switch {
+		case st.Prepare != nil:
+			return st.Prepare(ctx, m, func(ctx context.Context, intent any) (bool, error) {
+				if committed {
+					return false, errCommitTwice
+				}
+				withIntent := m
+				withIntent.Intent = intent
+				r := c.commit(ctx, withIntent, nil)
+				committed = r.committed
+				return r.fresh, r.err
+			})
+		case st.Batch != nil:
 			_, err := commit(ctx, nil)
 			return err
 		}

@@ -69,8 +69,8 @@ func TestSlowStepKeepsItsMessage(t *testing.T) {
 	cfg.AckWait = 500 * time.Millisecond
 	steps := e.Steps(10 * time.Second)
 	var runs, maxDelivered atomic.Int64
-	inner := steps[1].Handle
-	steps[1].Handle = func(ctx context.Context, m step.Message, c step.Commit) error {
+	inner := steps[1].Prepare
+	steps[1].Prepare = func(ctx context.Context, m step.Message, c step.CommitIntent) error {
 		runs.Add(1)
 		if d := int64(m.Delivered); d > maxDelivered.Load() {
 			maxDelivered.Store(d)

@@ -288,6 +288,13 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 	counted := func(i int) []step.Step {
 		steps := e.Steps(5 * time.Second)
 		for j := range steps {
+			if inner := steps[j].Prepare; inner != nil {
+				steps[j].Prepare = func(ctx context.Context, m step.Message, c step.CommitIntent) error {
+					handled[i].Add(1)
+					return inner(ctx, m, c)
+				}
+				continue
+			}
 			if inner := steps[j].Batch; inner != nil {
 				steps[j].Batch = func(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
 					handled[i].Add(int64(len(ms)))

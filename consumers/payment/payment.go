@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -51,7 +52,7 @@ const FailAfterCharge = "payment.after-charge"
 // Step returns the payment step.
 func Step(pool *pgxpool.Pool, client *psp.Client) step.Step {
 	p := &paymentStep{pool: pool, psp: client}
-	return step.Step{Name: Name, Events: []orderevent.Name{orderevent.Reserved}, Handle: p.handle}
+	return step.Step{Name: Name, Events: []orderevent.Name{orderevent.Reserved}, Prepare: p.handle, Batch: p.record}
 }
 
 type paymentStep struct {
@@ -65,7 +66,17 @@ var errOrderCancelled = errors.New("order was cancelled while it was being charg
 // payment holds must be given back.
 func gaveUp(s order.Status) bool { return s == order.StatusCancelled || s == order.StatusRejected }
 
-func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Commit) error {
+// charged is one message's intent: the provider's answer for the order's
+// charge key, to record in the batch; cancelled is the batch's outcome.
+type charged struct {
+	ans     psp.Answer
+	refusal string // the provider refused the charge for good (the key was voided)
+	// cancelled is set by record when it cancelled the order (declined,
+	// or refused); it is set afresh on every run of record.
+	cancelled bool
+}
+
+func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.CommitIntent) error {
 	id := m.Event.OrderID
 	var status, amount, currency string
 	err := p.pool.QueryRow(ctx, `SELECT status, amount::text, currency FROM orders WHERE order_id = $1`, id).Scan(&status, &amount, &currency)
@@ -83,7 +94,7 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 				return err
 			}
 		}
-		_, err := commit(ctx, func(context.Context, pgx.Tx) ([]int64, error) { return nil, nil })
+		_, err := commit(ctx, nil)
 		return err
 	}
 	if err := payments.RecordPending(ctx, p.pool, id, amount, currency); err != nil {
@@ -113,45 +124,8 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 	if err := failpoint.Inject(FailAfterCharge); err != nil {
 		return err
 	}
-	cancelled := false
-	_, err = commit(ctx, func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
-		cancelled = false // an apply may run twice (step.Apply); only its last run counts
-		st, err := step.LockStatus(ctx, tx, id)
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case st == order.StatusReserved:
-		case gaveUp(st):
-			return nil, errOrderCancelled
-		default:
-			// Another delivery (the original, a re-drive, a replay) got
-			// there first with the same charge: the order went through.
-			// Record the dedupe row and nothing else.
-			return nil, nil
-		}
-		if err := payments.Record(ctx, tx, id, ans); err != nil {
-			return nil, err
-		}
-		var moved orderstore.Moved
-		if ans.Status == psp.StatusSucceeded && refusal == "" {
-			moved, err = orderstore.Transition(ctx, tx, id, order.StatusReserved, order.StatusPaid, "")
-		} else {
-			if _, err := stock.Release(ctx, tx, id); err != nil {
-				return nil, err
-			}
-			reason := refusal
-			if reason == "" || ans.Status == psp.StatusDeclined {
-				reason = "payment declined: " + ans.Reason
-			}
-			moved, err = orderstore.Transition(ctx, tx, id, order.StatusReserved, order.StatusCancelled, reason)
-			cancelled = true
-		}
-		if err != nil || !moved.OK {
-			return nil, err
-		}
-		return []int64{moved.OutboxID}, nil
-	})
+	c := &charged{ans: ans, refusal: refusal}
+	_, err = commit(ctx, c)
 	switch {
 	case errors.Is(err, errOrderCancelled):
 		// The compensator cancelled the order meanwhile: our charge must
@@ -162,9 +136,9 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 		if _, err := payments.Settle(ctx, p.pool, p.psp, id); err != nil {
 			return err
 		}
-		_, err = commit(ctx, func(context.Context, pgx.Tx) ([]int64, error) { return nil, nil })
+		_, err = commit(ctx, nil)
 		return err
-	case err == nil && cancelled && ans.Status == psp.StatusSucceeded:
+	case err == nil && c.cancelled && ans.Status == psp.StatusSucceeded:
 		// Refused, yet the key had charged: the order was cancelled with
 		// the refusal, so the charge goes back (a retry of this message or
 		// the compensator's refund pass repeats it if this fails).
@@ -172,6 +146,94 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 		return err
 	}
 	return err
+}
+
+// record is the step's transaction for a batch of charged orders, in a
+// few statements whatever the batch's size: it locks the orders (in id
+// order), and for each order still reserved records the provider's answer
+// and moves it — succeeded: to paid; declined or refused: its stock is
+// given back and it is cancelled with the reason. An order that another
+// delivery (the original, a re-drive, a replay) moved on with the same
+// charge is left alone: only its dedupe row is written. An order that was
+// cancelled or rejected meanwhile fails the batch with errOrderCancelled,
+// so that alone its message settles the charge.
+func (p *paymentStep) record(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
+	var todo []step.Message
+	for _, m := range ms {
+		if c, ok := m.Intent.(*charged); ok {
+			c.cancelled = false // record may run twice (step.Batch); only its last run counts
+			todo = append(todo, m)
+		}
+	}
+	todo = step.FirstPerOrder(todo)
+	if len(todo) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, `SELECT order_id, status FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE`, step.OrderIDs(todo))
+	if err != nil {
+		return nil, fmt.Errorf("lock %d order(s): %w", len(todo), err)
+	}
+	status := make(map[uuid.UUID]order.Status, len(todo))
+	for rows.Next() {
+		var id uuid.UUID
+		var st order.Status
+		if err := rows.Scan(&id, &st); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("lock %d order(s): %w", len(todo), err)
+		}
+		status[id] = st
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock %d order(s): %w", len(todo), err)
+	}
+	var (
+		ids      []uuid.UUID
+		answers  []psp.Answer
+		moves    []orderstore.Move
+		released []stock.Line
+	)
+	for _, m := range todo {
+		id, c := m.Event.OrderID, m.Intent.(*charged)
+		st, ok := status[id]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("lock order %s: %w", id, orderstore.ErrNotFound)
+		case st == order.StatusReserved:
+		case gaveUp(st):
+			return nil, fmt.Errorf("order %s: %w", id, errOrderCancelled)
+		default:
+			// Another delivery got there first with the same charge: the
+			// order went through. Record the dedupe row and nothing else.
+			continue
+		}
+		ids, answers = append(ids, id), append(answers, c.ans)
+		if c.ans.Status == psp.StatusSucceeded && c.refusal == "" {
+			moves = append(moves, orderstore.Move{Ctx: m.Ctx, ID: id, From: order.StatusReserved, To: order.StatusPaid})
+			continue
+		}
+		ls, err := stock.Unreserve(ctx, tx, id)
+		if err != nil {
+			return nil, err
+		}
+		released = append(released, ls...)
+		reason := c.refusal
+		if reason == "" || c.ans.Status == psp.StatusDeclined {
+			reason = "payment declined: " + c.ans.Reason
+		}
+		moves = append(moves, orderstore.Move{Ctx: m.Ctx, ID: id, From: order.StatusReserved, To: order.StatusCancelled, Reason: reason})
+		c.cancelled = true
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if err := payments.RecordMany(ctx, tx, ids, answers); err != nil {
+		return nil, err
+	}
+	if err := stock.Restock(ctx, tx, released); err != nil {
+		return nil, err
+	}
+	return step.Published(orderstore.TransitionMany(ctx, tx, moves))
 }
 
 // refusalText is the provider's reason for a permanent refusal.

@@ -47,6 +47,10 @@ type Message struct {
 	// Ctx is the delivery's context (its span, its logger), for a Batch
 	// that runs on another context: the trace its events continue.
 	Ctx context.Context
+	// Intent is what a step's Prepare decided outside the transaction
+	// (passed to its CommitIntent), for its Batch; nil for a message that
+	// only needs its dedupe row.
+	Intent any
 }
 
 // Apply is a step's effect. It runs inside the step's transaction, after
@@ -64,6 +68,14 @@ type Apply func(ctx context.Context, tx pgx.Tx) (publish []int64, err error)
 // publishes. done is false when the dedupe row already existed (another
 // delivery did the work; apply was not run).
 type Commit func(ctx context.Context, apply Apply) (done bool, err error)
+
+// CommitIntent hands a message's intent (what the step's Prepare decided
+// outside the transaction; nil: nothing to write but the dedupe row) to
+// the step's Batch, which runs it with the other messages of its batch in
+// one transaction, commits and publishes; done and the error as in Commit.
+// When the batch fails, the message's Batch runs again alone, and err is
+// that run's error.
+type CommitIntent func(ctx context.Context, intent any) (done bool, err error)
 
 // Batch is the whole work of a step whose work is its transaction: the
 // effect for many messages at once, set-based, in one transaction after
@@ -88,6 +100,11 @@ type Step struct {
 	// Batch, instead of Handle, is a step whose whole work is its
 	// transaction: the router runs it on the batches of its group commit.
 	Batch Batch
+	// Prepare, with Batch, is a step that works outside the transaction
+	// first (a provider call) and then hands its decision to Batch through
+	// commit (at most one successful call): Handle's two parts, the
+	// transactional one set-based.
+	Prepare func(ctx context.Context, m Message, commit CommitIntent) error
 }
 
 // BatchStep is a step whose whole work is its transaction, done for a

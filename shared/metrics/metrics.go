@@ -54,6 +54,14 @@ var (
 	// HandlerDuration is the latency of one handler run.
 	HandlerDuration = histogramVec("orderpipe_handler_duration_seconds", prometheus.DefBuckets, "Latency of one consumer handler run.", "handler")
 
+	// StepBatchSize is how many messages one transaction of a step's
+	// group commit carried.
+	StepBatchSize = histogramVec("orderpipe_step_batch_messages", []float64{1, 2, 4, 8, 16, 32, 64}, "Messages per transaction of a step's group commit.", "handler")
+
+	// StepBatchDuration is how long one transaction of a step's group
+	// commit took, from its begin to its commit.
+	StepBatchDuration = histogramVec("orderpipe_step_batch_duration_seconds", prometheus.DefBuckets, "Duration of one transaction of a step's group commit, begin to commit.", "handler")
+
 	// DeadLetters counts messages put in the dead_letters table.
 	DeadLetters = counterVec("orderpipe_dead_letters_total", "Messages dead-lettered into PostgreSQL, by handler.", "handler")
 
@@ -103,7 +111,7 @@ func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
 // Collectors returns every orderpipe collector.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, OrdersFinished, StageSeconds,
-		HandlerMessages, HandlerDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
+		HandlerMessages, HandlerDuration, StepBatchSize, StepBatchDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
 		WebhookDeliveries, OutboxPublished, TokensIssued, Tokens}
 }
 

@@ -109,11 +109,25 @@ func RecordPending(ctx context.Context, db postgres.DB, orderID uuid.UUID, amoun
 // declined or voided) on a pending payment; a payment that is no longer
 // pending is left as it is (the answer for one key never changes).
 func Record(ctx context.Context, db postgres.DB, orderID uuid.UUID, ans psp.Answer) error {
+	return RecordMany(ctx, db, []uuid.UUID{orderID}, []psp.Answer{ans})
+}
+
+// RecordMany is Record for many orders (each once) in one statement: the
+// payment step's batch.
+func RecordMany(ctx context.Context, db postgres.DB, orderIDs []uuid.UUID, answers []psp.Answer) error {
+	statuses, ids, reasons := make([]string, len(answers)), make([]string, len(answers)), make([]string, len(answers))
+	for i, a := range answers {
+		statuses[i], ids[i], reasons[i] = a.Status, a.ID, a.Reason
+	}
 	_, err := db.Exec(ctx, `
-		UPDATE payments SET status = $2, charge_id = NULLIF($3, ''), decline_reason = NULLIF($4, ''), updated_at = now()
-		WHERE order_id = $1 AND status = 'pending'`, orderID, ans.Status, ans.ID, ans.Reason)
+		UPDATE payments p SET status = v.status, charge_id = NULLIF(v.charge_id, ''), decline_reason = NULLIF(v.reason, ''), updated_at = now()
+		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS v(order_id, status, charge_id, reason)
+		WHERE p.order_id = v.order_id AND p.status = 'pending'`, orderIDs, statuses, ids, reasons)
 	if err != nil {
-		return fmt.Errorf("record %s charge of order %s: %w", ans.Status, orderID, err)
+		if len(orderIDs) == 1 {
+			return fmt.Errorf("record %s charge of order %s: %w", answers[0].Status, orderIDs[0], err)
+		}
+		return fmt.Errorf("record the charges of %d orders: %w", len(orderIDs), err)
 	}
 	return nil
 }
