@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"orderpipe/consumers/inventory"
@@ -104,5 +105,50 @@ func TestSetListSeed(t *testing.T) {
 	}
 	if err := stock.Set(ctx, db.Pool, "SKU-2", -1); err == nil {
 		t.Error("negative stock accepted")
+	}
+}
+
+// TestReserveManyServesInOrderAllOrNone: one ReserveMany call serves its
+// orders in the order given, each all of its lines or none, from what the
+// earlier ones left: the second order finds B short and takes nothing (not
+// even its A), the third gets the A that the second left, the fourth names
+// an unknown SKU.
+func TestReserveManyServesInOrderAllOrNone(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, pspserver.Options{})
+	e.Stock(t, "A", 5)
+	e.Stock(t, "B", 3)
+	var ids [4]uuid.UUID
+	for i := range ids {
+		ids[i], _ = e.InsertOrder(t, "1.00", pipetest.Line{SKU: "A", Qty: 1})
+	}
+	var problems [][]string
+	err := pgx.BeginFunc(t.Context(), e.DB.Pool, func(tx pgx.Tx) error {
+		var err error
+		problems, err = stock.ReserveMany(t.Context(), tx, []stock.Want{
+			{OrderID: ids[0], Lines: []stock.Line{{SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}},
+			{OrderID: ids[1], Lines: []stock.Line{{SKU: "A", Qty: 2}, {SKU: "B", Qty: 2}}},
+			{OrderID: ids[2], Lines: []stock.Line{{SKU: "A", Qty: 3}}},
+			{OrderID: ids[3], Lines: []stock.Line{{SKU: "A", Qty: 1}, {SKU: "NOPE", Qty: 1}}},
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(problems) != 4 || len(problems[0]) != 0 || len(problems[1]) != 1 || len(problems[2]) != 0 || len(problems[3]) != 2 {
+		t.Fatalf("problems %q; want none, B short, none, A short and an unknown SKU", problems)
+	}
+	if a, b := available(t, e, "A"), available(t, e, "B"); a != 0 || b != 1 {
+		t.Errorf("available A %d B %d; want 0 and 1", a, b)
+	}
+	var held [4]int64
+	for i, id := range ids {
+		if err := e.DB.Pool.QueryRow(t.Context(), `SELECT coalesce(sum(quantity), 0) FROM reservations WHERE order_id = $1`, id).Scan(&held[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if held != [4]int64{4, 0, 3, 0} {
+		t.Errorf("held per order %v; want [4 0 3 0]", held)
 	}
 }

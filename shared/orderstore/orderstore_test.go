@@ -118,3 +118,95 @@ func TestRelayPublishesOnceEvenWhenItDiesBeforeStamping(t *testing.T) {
 		t.Fatalf("message: %s %v", msg.Subject, msg.Header)
 	}
 }
+
+// TestTransitionManyMovesEachOrderOnItsOwnCondition: one call moves the
+// orders still in their from, leaves the others with their current status,
+// writes one history row and one event per move (in the order given), and
+// refuses a missing order, an order named twice and a forbidden move
+// without writing anything.
+func TestTransitionManyMovesEachOrderOnItsOwnCondition(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := t.Context()
+	a, _ := newOrder(t, db.Pool)
+	b, _ := newOrder(t, db.Pool)
+	c, _ := newOrder(t, db.Pool)
+	many := func(ms ...orderstore.Move) ([]orderstore.Moved, error) {
+		var out []orderstore.Moved
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			var err error
+			out, err = orderstore.TransitionMany(ctx, tx, ms)
+			return err
+		})
+		return out, err
+	}
+	if _, err := many(orderstore.Move{ID: b, From: order.StatusProcessing, To: order.StatusReserved}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := many(
+		orderstore.Move{ID: c, From: order.StatusProcessing, To: order.StatusRejected, Reason: "out of stock"},
+		orderstore.Move{ID: b, From: order.StatusProcessing, To: order.StatusReserved}, // moved already
+		orderstore.Move{ID: a, From: order.StatusProcessing, To: order.StatusReserved},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got[0].OK || got[0].Current != order.StatusRejected || got[1].OK || got[1].Current != order.StatusReserved || !got[2].OK || got[2].Current != order.StatusReserved {
+		t.Fatalf("moves: %+v", got)
+	}
+	if got[0].OutboxID == 0 || got[2].OutboxID == 0 || got[1].OutboxID != 0 {
+		t.Fatalf("outbox ids: %+v", got)
+	}
+	for _, want := range []struct {
+		id     int64
+		order  uuid.UUID
+		event  string
+		reason string
+	}{{got[0].OutboxID, c, "rejected", "out of stock"}, {got[2].OutboxID, a, "reserved", ""}} {
+		var oid uuid.UUID
+		var event, reason string
+		if err := db.Pool.QueryRow(ctx, `SELECT order_id, event, coalesce(convert_from(payload, 'UTF8')::jsonb->>'reason', '') FROM outbox WHERE id = $1`, want.id).Scan(&oid, &event, &reason); err != nil {
+			t.Fatal(err)
+		}
+		if oid != want.order || event != want.event || reason != want.reason {
+			t.Errorf("outbox row %d: %s %s %q; want %s %s %q", want.id, oid, event, reason, want.order, want.event, want.reason)
+		}
+	}
+	var rows, maxSeq int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), max(seq) FROM order_events WHERE order_id = $1`, b).Scan(&rows, &maxSeq); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 2 || maxSeq != 2 {
+		t.Errorf("order b: %d history rows up to seq %d; want 2 (processing, reserved), the repeated move writing none", rows, maxSeq)
+	}
+
+	before := countRows(t, db.Pool)
+	for name, ms := range map[string][]orderstore.Move{
+		"missing order": {{ID: a, From: order.StatusReserved, To: order.StatusPaid}, {ID: uuid.Must(uuid.NewV7()), From: order.StatusProcessing, To: order.StatusReserved}},
+		"named twice":   {{ID: a, From: order.StatusReserved, To: order.StatusPaid}, {ID: a, From: order.StatusReserved, To: order.StatusPaid}},
+		"forbidden":     {{ID: a, From: order.StatusReserved, To: order.StatusPaid}, {ID: c, From: order.StatusRejected, To: order.StatusProcessing}},
+	} {
+		_, err := many(ms...)
+		switch {
+		case err == nil:
+			t.Errorf("%s: no error", name)
+		case name == "missing order" && !errors.Is(err, orderstore.ErrNotFound):
+			t.Errorf("%s: %v, want ErrNotFound", name, err)
+		case name == "forbidden" && !errors.Is(err, order.ErrInvalidTransition):
+			t.Errorf("%s: %v, want ErrInvalidTransition", name, err)
+		}
+	}
+	if after := countRows(t, db.Pool); after != before {
+		t.Errorf("refused calls wrote rows: %v → %v", before, after)
+	}
+}
+
+// countRows counts the history and outbox rows and the paid orders.
+func countRows(t *testing.T, pool *pgxpool.Pool) [3]int {
+	t.Helper()
+	var n [3]int
+	if err := pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM order_events), (SELECT count(*) FROM outbox), (SELECT count(*) FROM orders WHERE status = 'paid')`).Scan(&n[0], &n[1], &n[2]); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -143,6 +143,18 @@ func TestAgainstARealStack(t *testing.T) {
 		t.Fatalf("intake: %d accepted, %d orders in the database", r.Runs[0].OK, r.Runs[0].OrdersInDB)
 	}
 
+	// Open-loop: 20 orders a second for 2 s are 40 orders, sent on schedule.
+	out = filepath.Join(t.TempDir(), "intake-rate")
+	if stdout, stderr, err := invoke(t, nil, cfg, s.args("intake", out, "--duration", "2s", "--concurrency", "4", "--rate", "20")...); err != nil {
+		t.Fatalf("bench intake --rate 20: %v\n%s\n%s", err, stdout, stderr)
+	}
+	r = readResult(t, out)
+	checkRun(t, r.Runs[0], "intake")
+	if r.Settings.Rate != 20 || r.Runs[0].Requests != 40 || r.Runs[0].OK != 40 || r.Runs[0].OrdersInDB != 40 {
+		t.Fatalf("intake --rate 20 for 2s: rate %d, %d requests, %d accepted, %d orders in the database; want 40 of each",
+			r.Settings.Rate, r.Runs[0].Requests, r.Runs[0].OK, r.Runs[0].OrdersInDB)
+	}
+
 	out = filepath.Join(t.TempDir(), "replay")
 	if stdout, stderr, err := invoke(t, nil, cfg, s.args("replay", out, "--users", "5", "--requests", "3")...); err != nil {
 		t.Fatalf("bench replay: %v\n%s\n%s", err, stdout, stderr)

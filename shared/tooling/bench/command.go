@@ -49,6 +49,11 @@ type Settings struct {
 	// e2e, compare); Duration how long each run lasts.
 	Concurrency int           `json:"concurrency"`
 	Duration    time.Duration `json:"duration_ns"`
+	// Rate, when not 0, makes intake and e2e open-loop: Rate orders per
+	// second in all, sent on a schedule whether or not earlier ones were
+	// answered, by at most Concurrency clients at once (a load below what
+	// the stack can take, to measure its latency there).
+	Rate int `json:"rate,omitempty"`
 	// Users and Requests shape replay: Users × Requests, all at once.
 	Users    int `json:"users"`
 	Requests int `json:"requests_per_user"`
@@ -71,11 +76,13 @@ type Settings struct {
 const (
 	MaxConcurrency = 10000
 	MaxRequests    = 1_000_000
+	MaxRate        = 1_000_000
 )
 
 type flags struct {
 	url, apiKey, databaseURL, envFile, out *string
 	concurrency, users, requests, rounds   *int
+	rate                                   *int
 	duration, timeout, drain               *time.Duration
 	settle                                 *bool
 }
@@ -89,7 +96,7 @@ func command(run func(ctx context.Context, s Settings, out, progress io.Writer) 
 	return cli.Command{
 		Name:    "bench",
 		Summary: "load-test a running stack: bench intake|replay|e2e|baseline|compare (reads dev.env or --url/--api-key/--database-url)",
-		Usage:   "intake|replay|e2e|baseline|compare [--concurrency 64] [--duration 15s] [--users 100 --requests 10] [--rounds 4] [--out DIR] [--url U --api-key K --database-url D]",
+		Usage:   "intake|replay|e2e|baseline|compare [--concurrency 64] [--rate 0] [--duration 15s] [--users 100 --requests 10] [--rounds 4] [--out DIR] [--url U --api-key K --database-url D]",
 		Env:     []string{config.EnvDataDir, config.EnvDatabaseURL, config.EnvHTTPAddr, mcp.EnvAPIKey.Name},
 		Setup: func(fs *flag.FlagSet) {
 			f.url = fs.String("url", "", "base URL of the intake (default: from dev.env, else HTTP_ADDR)")
@@ -98,6 +105,7 @@ func command(run func(ctx context.Context, s Settings, out, progress io.Writer) 
 			f.envFile = fs.String("env-file", "", "dev.env to read (default: $ORDERPIPE_DATA_DIR/dev.env; none when missing)")
 			f.out = fs.String("out", "", "folder for result.json and chart.html (default: a new folder under ./bench-results)")
 			f.concurrency = fs.Int("concurrency", 64, "closed-loop clients (intake, e2e, baseline, compare)")
+			f.rate = fs.Int("rate", 0, "intake, e2e: orders per second in all, open-loop (0: closed-loop, as fast as the clients are answered)")
 			f.duration = fs.Duration("duration", 15*time.Second, "length of one run (intake, e2e, baseline, and each compare round)")
 			f.users = fs.Int("users", 100, "replay: users, each with its own request_id")
 			f.requests = fs.Int("requests", 10, "replay: requests per user, all sent at once")
@@ -138,12 +146,15 @@ func parse(inv cli.Invocation, f flags) (Settings, error) {
 		return Settings{}, cli.Usagef("unexpected arguments: %q", inv.Flags.Args())
 	}
 	s := Settings{
-		Action: action, Concurrency: *f.concurrency, Duration: *f.duration, Users: *f.users, Requests: *f.requests,
+		Action: action, Concurrency: *f.concurrency, Rate: *f.rate, Duration: *f.duration, Users: *f.users, Requests: *f.requests,
 		Rounds: *f.rounds, Timeout: *f.timeout, Drain: *f.drain, Settle: *f.settle, Out: *f.out,
 	}
 	var errs []string
 	if s.Concurrency < 1 || s.Concurrency > MaxConcurrency {
 		errs = append(errs, fmt.Sprintf("--concurrency must be between 1 and %d, got %d", MaxConcurrency, s.Concurrency))
+	}
+	if s.Rate < 0 || s.Rate > MaxRate {
+		errs = append(errs, fmt.Sprintf("--rate must be between 0 (closed-loop) and %d orders per second, got %d", MaxRate, s.Rate))
 	}
 	if s.Duration <= 0 {
 		errs = append(errs, fmt.Sprintf("--duration must be positive, got %s", s.Duration))

@@ -56,11 +56,16 @@ func newHTTPClient(n int, timeout time.Duration) *http.Client {
 
 // attack runs vegeta closed-loop: workers clients, each sending its next
 // request from tr as soon as the previous one answered, for d (0: until tr
-// runs out of targets), or until ctx ends. Results of the extra requests
-// that find tr exhausted are dropped.
-func attack(ctx context.Context, client *http.Client, workers int, d time.Duration, tr vegeta.Targeter) <-chan *vegeta.Result {
+// runs out of targets), or until ctx ends; or, with a rate, open-loop: rate
+// requests per second on a fixed schedule, by at most workers at once.
+// Results of the extra requests that find tr exhausted are dropped.
+func attack(ctx context.Context, client *http.Client, workers, rate int, d time.Duration, tr vegeta.Targeter) <-chan *vegeta.Result {
 	a := vegeta.NewAttacker(vegeta.Client(client), vegeta.Workers(uint64(workers)), vegeta.MaxWorkers(uint64(workers)))
-	in := a.Attack(tr, vegeta.ConstantPacer{}, d, "")
+	pacer := vegeta.ConstantPacer{}
+	if rate > 0 {
+		pacer = vegeta.ConstantPacer{Freq: rate, Per: time.Second}
+	}
+	in := a.Attack(tr, pacer, d, "")
 	out := make(chan *vegeta.Result, 1024)
 	stop := context.AfterFunc(ctx, func() { a.Stop() })
 	go func() {
@@ -127,7 +132,7 @@ func runIntake(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		byID   = map[string]string{} // order_id → request_id
 		dups   int64
 	)
-	run := collect("intake", s.Concurrency, attack(ctx, client, s.Concurrency, s.Duration, tr), progress, func(res *vegeta.Result) {
+	run := collect("intake", s.Concurrency, attack(ctx, client, s.Concurrency, s.Rate, s.Duration, tr), progress, func(res *vegeta.Result) {
 		a, ok := parseAnswer(res.Body)
 		if !ok || res.Code/100 != 2 {
 			return
