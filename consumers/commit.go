@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"orderpipe/consumers/step"
 	"orderpipe/shared/failpoint"
+	"orderpipe/shared/groupcommit"
 	"orderpipe/shared/metrics"
 )
 
@@ -64,42 +64,24 @@ type committer struct {
 	step string
 	// batch is the step's set-based work (step.Step.Batch), run once per
 	// batch; nil: each message's own apply runs in turn.
-	batch    step.Batch
-	mu       sync.Mutex
-	queue    []*commitJob
-	flushing bool
+	batch step.Batch
+	q     groupcommit.Queue[*commitJob]
+}
+
+func newCommitter(p *Pipeline, name string, batch step.Batch) *committer {
+	c := &committer{p: p, step: name, batch: batch}
+	c.q = groupcommit.Queue[*commitJob]{Flush: c.flush, MaxBatch: maxCommitBatch, Flushers: 1}
+	return c
 }
 
 // commit queues one message's apply for the step's next transaction and
 // waits for the outcome (after the commit and the inline publish).
 func (c *committer) commit(ctx context.Context, m step.Message, apply step.Apply) commitResult {
 	j := &commitJob{ctx: ctx, msg: m, apply: apply, done: make(chan commitResult, 1)}
-	c.mu.Lock()
-	c.queue = append(c.queue, j)
-	if !c.flushing {
-		c.flushing = true
-		go c.flushLoop()
-	}
-	c.mu.Unlock()
+	c.q.Add(j)
 	// Not cut short by ctx: the batch may commit this message's work, and
 	// the handler must know whether it did before the message is settled.
 	return <-j.done
-}
-
-func (c *committer) flushLoop() {
-	for {
-		c.mu.Lock()
-		if len(c.queue) == 0 {
-			c.flushing = false
-			c.mu.Unlock()
-			return
-		}
-		n := min(len(c.queue), maxCommitBatch)
-		batch := append([]*commitJob(nil), c.queue[:n]...)
-		c.queue = append(c.queue[:0:0], c.queue[n:]...)
-		c.mu.Unlock()
-		c.flush(batch)
-	}
 }
 
 // flush runs one batch's transaction, then (in the background, so that the

@@ -262,7 +262,7 @@ func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 // handler runs one step for one message: decode, skip what is done, Handle
 // with a Commit that does the dedupe row and the effect in one transaction.
 func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
-	c := &committer{p: p, step: st.Name, batch: st.Batch}
+	c := newCommitter(p, st.Name, st.Batch)
 	return func(msg *message.Message) error {
 		t0 := time.Now()
 		defer func() { metrics.HandlerDuration.WithLabelValues(st.Name).Observe(time.Since(t0).Seconds()) }()

@@ -23,7 +23,7 @@ type Committer struct{ c *committer }
 // the router builds it for each step.
 func NewCommitter(env *app.Env, name string) *Committer {
 	p := &Pipeline{env: env, cfg: Default(), relay: &outbox.Relay{Pool: env.Pool, JS: env.JS, Topology: env.Topology, Logger: env.Logger}}
-	return &Committer{&committer{p: p, step: name}}
+	return &Committer{newCommitter(p, name, nil)}
 }
 
 // Commit is a handler's Commit through the step's queue.
@@ -33,8 +33,4 @@ func (c *Committer) Commit(ctx context.Context, msgID string, apply step.Apply) 
 }
 
 // Queued is how many commits wait for the next batch.
-func (c *Committer) Queued() int {
-	c.c.mu.Lock()
-	defer c.c.mu.Unlock()
-	return len(c.c.queue)
-}
+func (c *Committer) Queued() int { return c.c.q.Len() }

@@ -4,19 +4,20 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
 	"orderpipe/shared/failpoint"
+	"orderpipe/shared/groupcommit"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 )
 
 // Group commit. Concurrent create requests are written together: each
-// request joins a queue, and up to maxFlushers goroutines take whatever is
-// queued (at most maxBatch) and write it in one transaction
+// request joins a queue (shared/groupcommit), and up to maxFlushers
+// goroutines take whatever is queued (at most maxBatch) and write it in one
+// transaction
 // (orderstore.InsertBatch), then publish the batch's accepted events
 // together, then answer each request from the batch. Nothing waits on a
 // timer: at low load a batch is one request and goes at once; under load
@@ -38,45 +39,27 @@ type job struct {
 }
 
 type batcher struct {
-	s        *Service
-	mu       sync.Mutex
-	queue    []*job
-	flushing int
+	s *Service
+	q groupcommit.Queue[*job]
+}
+
+func newBatcher(s *Service) *batcher {
+	b := &batcher{s: s}
+	b.q = groupcommit.Queue[*job]{Flush: b.flush, MaxBatch: maxBatch, Flushers: maxFlushers}
+	return b
 }
 
 // insert writes one create request in the next batch and returns its
 // result.
 func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (orderstore.Inserted, error) {
 	j := &job{ctx: ctx, clientID: clientID, req: req, done: make(chan orderstore.BatchResult, 1)}
-	b.mu.Lock()
-	b.queue = append(b.queue, j)
-	if b.flushing < maxFlushers {
-		b.flushing++
-		go b.flushLoop()
-	}
-	b.mu.Unlock()
+	b.q.Add(j)
 	select {
 	case r := <-j.done:
 		return r.Inserted, r.Err
 	case <-ctx.Done():
 		// The batch may still commit it: the client's retry is replayed.
 		return orderstore.Inserted{}, ctx.Err()
-	}
-}
-
-func (b *batcher) flushLoop() {
-	for {
-		b.mu.Lock()
-		if len(b.queue) == 0 {
-			b.flushing--
-			b.mu.Unlock()
-			return
-		}
-		n := min(len(b.queue), maxBatch)
-		batch := append([]*job(nil), b.queue[:n]...)
-		b.queue = append(b.queue[:0:0], b.queue[n:]...)
-		b.mu.Unlock()
-		b.flush(batch)
 	}
 }
 

@@ -168,7 +168,7 @@ func NewService(env *app.Env, opts Options) *Service {
 			PublishTimeout: opts.InlinePublishTimeout}
 	}
 	s := &Service{env: env, opts: opts, relay: relay}
-	s.batch = &batcher{s: s}
+	s.batch = newBatcher(s)
 	return s
 }
 

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"orderpipe/consumers/step"
@@ -33,39 +32,18 @@ func Step() step.Step {
 // (a late or repeated message, or the compensator) is left alone.
 func reserve(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
 	ms = step.FirstPerOrder(ms)
-	rows, err := tx.Query(ctx, `SELECT order_id, status, items FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE`, step.OrderIDs(ms))
+	got, err := step.LockOrders(ctx, tx, ms)
 	if err != nil {
-		return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
-	}
-	type locked struct {
-		status order.Status
-		items  []byte
-	}
-	got := make(map[uuid.UUID]locked, len(ms))
-	for rows.Next() {
-		var id uuid.UUID
-		var l locked
-		if err := rows.Scan(&id, &l.status, &l.items); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
-		}
-		got[id] = l
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
+		return nil, err
 	}
 	var wants []stock.Want
 	var todo []step.Message
 	for _, m := range ms {
-		l, ok := got[m.Event.OrderID]
-		if !ok {
-			return nil, fmt.Errorf("lock order %s: %w", m.Event.OrderID, orderstore.ErrNotFound)
-		}
-		if l.status != order.StatusProcessing {
+		l := got[m.Event.OrderID]
+		if l.Status != order.StatusProcessing {
 			continue
 		}
-		ls, err := stock.Lines(l.items)
+		ls, err := stock.Lines(l.Items)
 		if err != nil {
 			return nil, step.Permanent(fmt.Errorf("items of order %s: %w", m.Event.OrderID, err))
 		}

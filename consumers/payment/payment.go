@@ -169,23 +169,9 @@ func (p *paymentStep) record(ctx context.Context, tx pgx.Tx, ms []step.Message) 
 	if len(todo) == 0 {
 		return nil, nil
 	}
-	rows, err := tx.Query(ctx, `SELECT order_id, status FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE`, step.OrderIDs(todo))
+	locked, err := step.LockOrders(ctx, tx, todo)
 	if err != nil {
-		return nil, fmt.Errorf("lock %d order(s): %w", len(todo), err)
-	}
-	status := make(map[uuid.UUID]order.Status, len(todo))
-	for rows.Next() {
-		var id uuid.UUID
-		var st order.Status
-		if err := rows.Scan(&id, &st); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("lock %d order(s): %w", len(todo), err)
-		}
-		status[id] = st
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("lock %d order(s): %w", len(todo), err)
+		return nil, err
 	}
 	var (
 		ids      []uuid.UUID
@@ -195,10 +181,7 @@ func (p *paymentStep) record(ctx context.Context, tx pgx.Tx, ms []step.Message) 
 	)
 	for _, m := range todo {
 		id, c := m.Event.OrderID, m.Intent.(*charged)
-		st, ok := status[id]
-		switch {
-		case !ok:
-			return nil, fmt.Errorf("lock order %s: %w", id, orderstore.ErrNotFound)
+		switch st := locked[id].Status; {
 		case st == order.StatusReserved:
 		case gaveUp(st):
 			return nil, fmt.Errorf("order %s: %w", id, errOrderCancelled)

@@ -179,17 +179,41 @@ func IsPermanent(err error) bool {
 		errors.As(err, &panicked)
 }
 
-// LockStatus reads an order's status and locks its row until the
-// transaction ends, so that the step decides on a status nobody can change
-// under it. A missing order is a permanent error.
-func LockStatus(ctx context.Context, tx pgx.Tx, orderID fmt.Stringer) (order.Status, error) {
-	var s string
-	err := tx.QueryRow(ctx, `SELECT status FROM orders WHERE order_id = $1 FOR UPDATE`, orderID.String()).Scan(&s)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("lock order %s: %w", orderID, orderstore.ErrNotFound)
-	}
+// Locked is an order as LockOrders read it.
+type Locked struct {
+	Status order.Status
+	// Items is the order's items as stored (JSON).
+	Items []byte
+}
+
+// LockOrders reads the orders of ms and locks their rows until the
+// transaction ends, all in one statement and in order id order (so that
+// two batches never lock each other's orders in a cycle), so that the step
+// decides on statuses nobody can change under it. A missing order is
+// orderstore.ErrNotFound (a permanent error).
+func LockOrders(ctx context.Context, tx pgx.Tx, ms []Message) (map[uuid.UUID]Locked, error) {
+	rows, err := tx.Query(ctx, `SELECT order_id, status, items FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE`, OrderIDs(ms))
 	if err != nil {
-		return "", fmt.Errorf("lock order %s: %w", orderID, err)
+		return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
 	}
-	return order.Status(s), nil
+	got := make(map[uuid.UUID]Locked, len(ms))
+	for rows.Next() {
+		var id uuid.UUID
+		var l Locked
+		if err := rows.Scan(&id, &l.Status, &l.Items); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
+		}
+		got[id] = l
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
+	}
+	for _, m := range ms {
+		if _, ok := got[m.Event.OrderID]; !ok {
+			return nil, fmt.Errorf("lock order %s: %w", m.Event.OrderID, orderstore.ErrNotFound)
+		}
+	}
+	return got, nil
 }
