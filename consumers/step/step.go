@@ -12,8 +12,17 @@
 // message id) into processed_messages (ON CONFLICT DO NOTHING: zero rows
 // means another delivery already did it, and Apply is not run), runs Apply
 // (the effect and the order's conditional move), commits, and then
-// publishes the outbox events that Apply returned. The message is acked only after Handle
-// returns nil, so it is acked after the commit, never before.
+// publishes the outbox events that Apply returned. The message is acked
+// only after Handle returns nil, so it is acked after the commit, never
+// before.
+//
+// A step whose transactional work is better done for many messages at
+// once has a Batch instead of an Apply per message: a step whose whole
+// work is its transaction (inventory, confirm) has only a Batch, which the
+// router runs on each batch of its group commit; a step that works outside
+// the transaction first (payment) has a Prepare, which hands its decision
+// to the Batch through a CommitIntent. Either way the dedupe rows, the
+// commit and the ack after it are as above.
 package step
 
 import (
