@@ -9,7 +9,9 @@
 // PostgreSQL transaction; the order moves by a conditional update; the
 // next event is written to the outbox in that same transaction and
 // published right after the commit (and by the relay that runs beside the
-// router if the process dies in between).
+// router if the process dies in between). Concurrent messages of one step
+// share that transaction (a group commit, commit.go); a batch that fails
+// runs each of its messages again alone.
 //
 // Middleware, outermost first: correlation (request and order ids on the
 // context logger), poison (a permanent error, or the last allowed
