@@ -579,6 +579,13 @@ func (s *stack) printFaults(w io.Writer) {
 	for _, k := range kinds {
 		fmt.Fprintf(w, "%-30s %8d\n", k, counts[k])
 	}
+	// A restart that failed is the run's own trouble, not an injected
+	// fault: say which and why, so that it can be looked into.
+	for _, f := range s.log.between(time.Time{}, time.Now()) {
+		if f.Kind == "restart failed" {
+			fmt.Fprintf(w, "  restart failed at %s: %s\n", f.At.UTC().Format("15:04:05.000"), f.Detail)
+		}
+	}
 }
 
 func (s *stack) stop() {
