@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -70,7 +71,7 @@ func (p *proc) start(ctx context.Context) error {
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("%s exited during start-up (see %s): %w", p.name, p.log, err)
+			return fmt.Errorf("%s exited during start-up: %w; its log ends: %s", p.name, err, logTail(p.log, 4))
 		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -161,3 +162,17 @@ func newProc(dir, name, bin string, args, env []string) *proc {
 }
 
 var errNotReady = errors.New("not ready")
+
+// logTail returns the last n lines of a part's log, joined with " | " (its
+// folder is gone when the run ends, so the summary carries them).
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
