@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"orderpipe/shared/app"
 )
 
 // fault is one injected fault.
@@ -138,6 +140,29 @@ func (sc *scheduler) later(ctx context.Context, d time.Duration, f func()) {
 	}()
 }
 
+// restart starts a process again the way a supervisor would (compose's
+// restart: unless-stopped): a start that fails — a part that exits because
+// PostgreSQL is restarting at that moment — is logged and tried again a
+// second later, up to maxRestarts times.
+func (sc *scheduler) restart(ctx context.Context, p *proc) {
+	for try := 1; ; try++ {
+		err := p.start(ctx)
+		if err == nil {
+			return
+		}
+		sc.s.log.add("restart failed", "%s (try %d of %d): %v", p.name, try, maxRestarts, err)
+		if try == maxRestarts || !p.exited() || !app.Sleep(ctx, time.Second) {
+			return // a process that runs but is slow to get ready is left to itself
+		}
+		p.mu.Lock()
+		p.cmd = nil // it exited: start it afresh
+		p.mu.Unlock()
+	}
+}
+
+// maxRestarts bounds the tries of one restart.
+const maxRestarts = 10
+
 func (sc *scheduler) inject(ctx context.Context, kind string) {
 	s := sc.s
 	bg := context.WithoutCancel(ctx)
@@ -151,11 +176,7 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 		back := sc.dur(300*time.Millisecond, 3*time.Second)
 		p.kill()
 		s.log.add(kind, "%s killed with SIGKILL; back in %s", p.name, back.Round(time.Millisecond))
-		sc.later(ctx, back, func() {
-			if err := p.start(bg); err != nil {
-				s.log.add("restart failed", "%s: %v", p.name, err)
-			}
-		})
+		sc.later(ctx, back, func() { sc.restart(bg, p) })
 	case "nats node stop":
 		sc.mu.Lock()
 		if sc.natsDown {
@@ -183,9 +204,7 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 		}
 		s.log.add(kind, "%s stopped (leader of ORDERS: %v, kill -9: %v); back in %s", n.name, leader, hard, back.Round(time.Millisecond))
 		sc.later(ctx, back, func() {
-			if err := n.start(bg); err != nil {
-				s.log.add("restart failed", "%s: %v", n.name, err)
-			}
+			sc.restart(bg, n)
 			sc.mu.Lock()
 			sc.natsDown = false
 			sc.mu.Unlock()
