@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/singleflight"
 )
 
 // Credentials are what `orderpipe clients create` prints, once.
@@ -203,6 +204,12 @@ type KeyCache struct {
 	ttl time.Duration
 	max int
 	now func() time.Time
+	// lookup is Authenticate (a test may count its calls).
+	lookup func(ctx context.Context, pool *pgxpool.Pool, apiKey string) (Client, error)
+	// flight makes concurrent misses of one key share one lookup: a burst
+	// of a client's first requests (the article's 1,000 at once) must not
+	// become as many queries on a cold cache.
+	flight singleflight.Group
 
 	mu      sync.Mutex
 	entries map[[32]byte]cached
@@ -215,7 +222,7 @@ type cached struct {
 
 // NewKeyCache returns a cache of at most max keys, each kept for ttl.
 func NewKeyCache(ttl time.Duration, max int) *KeyCache {
-	return &KeyCache{ttl: ttl, max: max, now: time.Now, entries: map[[32]byte]cached{}}
+	return &KeyCache{ttl: ttl, max: max, now: time.Now, lookup: Authenticate, entries: map[[32]byte]cached{}}
 }
 
 // Authenticate is the package's Authenticate through the cache.
@@ -231,15 +238,25 @@ func (k *KeyCache) Authenticate(ctx context.Context, pool *pgxpool.Pool, apiKey 
 	if ok && now.Before(e.expires) {
 		return e.c, nil
 	}
-	c, err := Authenticate(ctx, pool, apiKey)
-	if err != nil {
-		return c, err
-	}
-	k.mu.Lock()
-	if len(k.entries) >= k.max {
-		clear(k.entries) // bounded: start again rather than grow
-	}
-	k.entries[h] = cached{c: c, expires: now.Add(k.ttl)}
-	k.mu.Unlock()
-	return c, nil
+	v, err, _ := k.flight.Do(string(h[:]), func() (any, error) {
+		// The lookup is shared: no one caller's cancellation ends it.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+		defer cancel()
+		c, err := k.lookup(lctx, pool, apiKey)
+		if err != nil {
+			return c, err
+		}
+		k.mu.Lock()
+		if len(k.entries) >= k.max {
+			clear(k.entries) // bounded: start again rather than grow
+		}
+		k.entries[h] = cached{c: c, expires: now.Add(k.ttl)}
+		k.mu.Unlock()
+		return c, nil
+	})
+	c, _ := v.(Client)
+	return c, err
 }
+
+// lookupTimeout bounds one shared key lookup.
+const lookupTimeout = 10 * time.Second
