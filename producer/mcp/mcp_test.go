@@ -241,7 +241,9 @@ func (h *harness) drive(cs *sdk.ClientSession, p *progress) uuid.UUID {
 		t.Fatalf("retried create_order: %s", again.raw)
 	}
 	id := first.result.Order.ID
+	moved := make(chan struct{})
 	go func() {
+		defer close(moved)
 		select {
 		case <-p.got:
 		case <-time.After(20 * time.Second):
@@ -251,6 +253,9 @@ func (h *harness) drive(cs *sdk.ClientSession, p *progress) uuid.UUID {
 		h.move(id, order.StatusPaid, order.StatusConfirmed)
 	}()
 	done := call(t, cs, mcp.ToolWaitForOrder, map[string]any{"order_id": id.String(), "timeout_seconds": 60}, "wait-1")
+	// The last move may still be reading its commit's answer when the
+	// waiter sees the order confirmed: the test's context must outlive it.
+	<-moved
 	if done.isError || !done.result.Terminal || done.result.Order.Status != order.StatusConfirmed || done.result.TimedOut {
 		t.Fatalf("wait_for_order: %s", done.raw)
 	}
