@@ -12,14 +12,16 @@ import (
 	"orderpipe/shared/groupcommit"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
 )
 
 // Group commit. Concurrent create requests are written together: each
 // request joins a queue (shared/groupcommit), and up to maxFlushers
 // goroutines take whatever is queued (at most maxBatch) and write it in one
-// transaction
+// statement
 // (orderstore.InsertBatch), then publish the batch's accepted events
-// together, then answer each request from the batch. Nothing waits on a
+// together from memory and wait for the broker's acks, then answer each
+// request from the batch, then stamp the events published. Nothing waits on a
 // timer: at low load a batch is one request and goes at once; under load
 // requests queue behind a running flush and share the next commit, so the
 // cost of a commit (the WAL fsync) and of the round trips is paid once per
@@ -107,30 +109,45 @@ func (b *batcher) flush(batch []*job) {
 		}
 		return
 	}
-	var publish []int64
+	var rows []outbox.Row
+	var retried []int64
 	for i, j := range live {
 		if res[i].Retry {
 			// Its order number collided: the one-request path retries.
 			r, err := orderstore.Insert(ctx, s.env.Pool, j.clientID, j.req, orderstore.InsertOptions{NewOrderNo: s.opts.NewOrderNo})
 			res[i].Inserted, res[i].Err = r, err
 			res[i].OrderNoCollisions++
+			if err == nil && !r.Replayed && r.OutboxID != 0 {
+				retried = append(retried, r.OutboxID)
+			}
+			continue
 		}
 		if res[i].Err == nil && !res[i].Replayed && res[i].OutboxID != 0 {
-			publish = append(publish, res[i].OutboxID)
+			rows = append(rows, res[i].Event)
 		}
 	}
-	if len(publish) > 0 {
+	var acked outbox.Acked
+	if len(rows)+len(retried) > 0 {
 		if err := failpoint.Inject(FailAfterCommit); err != nil {
 			s.env.Logger.Warn("accepted events left to the relay", slog.Any("error", err))
 		} else {
 			pctx, pcancel := context.WithTimeout(ctx, s.opts.InlinePublishTimeout)
-			if err := s.relay.Publish(pctx, publish...); err != nil {
-				s.env.Logger.Warn("inline publish of accepted events failed; left to the relay", slog.Int("events", len(publish)), slog.Any("error", err))
+			var err error
+			if acked, err = s.relay.PublishRows(pctx, rows); err != nil {
+				s.env.Logger.Warn("inline publish of accepted events failed; left to the relay", slog.Int("events", len(rows)), slog.Any("error", err))
+			}
+			if err := s.relay.Publish(pctx, retried...); err != nil {
+				s.env.Logger.Warn("inline publish of accepted events failed; left to the relay", slog.Int("events", len(retried)), slog.Any("error", err))
 			}
 			pcancel()
 		}
 	}
 	for i, j := range live {
 		j.done <- res[i]
+	}
+	// The answers went first: a row left unstamped is published again by
+	// the relay, and the broker drops the copy.
+	if err := s.relay.Stamp(ctx, acked); err != nil {
+		s.env.Logger.Warn("stamp published accepted events; the relay publishes them again", slog.Any("error", err))
 	}
 }

@@ -7,11 +7,17 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/order"
+	"orderpipe/shared/orderevent"
+	"orderpipe/shared/outbox"
 )
+
+// acceptedEvent is the event that announces a new order.
+func acceptedEvent(id, clientID uuid.UUID, requestID string, at time.Time) orderevent.Event {
+	return Change{OrderID: id, ClientID: clientID, RequestID: requestID, Status: order.StatusProcessing}.event(at)
+}
 
 // NewOrder is one create request of a batch.
 type NewOrder struct {
@@ -24,19 +30,46 @@ type NewOrder struct {
 // BatchResult is what InsertBatch did for one request: Inserted as Insert
 // returns it, or Err (order.ErrRequestIDReused for a payload that differs
 // from the stored one). Retry marks a request that lost its order number
-// to a collision and must go into a later batch.
+// to a collision and must go into a later batch. Event is the committed
+// accepted event of a new order (Event.ID is Inserted.OutboxID), for the
+// caller to publish from memory (outbox.Relay.PublishRows).
 type BatchResult struct {
 	Inserted
 	Err   error
 	Retry bool
+	Event outbox.Row
 }
 
-// InsertBatch stores many new orders in ONE transaction — one multi-row
-// INSERT … ON CONFLICT DO NOTHING into orders, one into order_events and
-// one into the outbox — so that concurrent requests share a commit (group
-// commit). A request whose (client, request_id) exists, committed by an
-// earlier request or by another in the same batch, is answered from the
-// stored order: replayed when its fingerprint matches, ErrRequestIDReused
+// insertBatchSQL writes a batch in ONE statement, which PostgreSQL runs
+// in one implicit transaction: the orders (a request whose (client,
+// request_id) or order number is taken writes nothing), then for each
+// order written its history row (seq 1) and its accepted event in the
+// outbox. One round trip and one commit for the whole batch.
+const insertBatchSQL = `
+	WITH ins AS (
+		INSERT INTO orders (order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount, currency, callback_url)
+		SELECT t.order_id, t.order_no, t.client_id, t.request_id, t.fingerprint, 'processing', t.user_id, t.items, t.amount::numeric, t.currency, NULLIF(t.callback_url, '')
+		FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::bytea[], $6::bigint[], $7::jsonb[], $8::text[], $9::text[], $10::text[])
+		     AS t(order_id, order_no, client_id, request_id, fingerprint, user_id, items, amount, currency, callback_url)
+		ON CONFLICT DO NOTHING
+		RETURNING order_id, created_at, updated_at
+	), history AS (
+		INSERT INTO order_events (order_id, seq, status, occurred_at)
+		SELECT order_id, 1, 'processing', $11 FROM ins
+	), events AS (
+		INSERT INTO outbox (` + outbox.ColumnList + `)
+		SELECT e.* FROM unnest($12::text[], $13::text[], $14::bytea[], $15::jsonb[], $16::uuid[]) AS e(msg_id, event, payload, headers, order_id)
+		JOIN ins USING (order_id)
+		RETURNING id, order_id
+	)
+	SELECT ins.order_id, ins.created_at, ins.updated_at, events.id FROM ins JOIN events USING (order_id)`
+
+// InsertBatch stores many new orders in ONE statement (insertBatchSQL):
+// the orders, their history rows and their accepted events, so that
+// concurrent requests share one round trip and one commit (group commit).
+// A request whose (client, request_id) exists, committed by an earlier
+// request or by another in the same batch, is answered from the stored
+// order: replayed when its fingerprint matches, ErrRequestIDReused
 // otherwise. It returns one result per request, in order; an error means
 // the batch did not commit (and no request of it was stored).
 func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOrderNo func(time.Time) string) ([]BatchResult, error) {
@@ -46,13 +79,16 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 	n := len(reqs)
 	res := make([]BatchResult, n)
 	var (
-		ids, clients             = make([]uuid.UUID, n), make([]uuid.UUID, n)
+		ids, clients             = make([][16]byte, n), make([][16]byte, n)
 		nos, rids, amounts, curs = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		cbs                      = make([]string, n)
 		fps, items               = make([][]byte, n), make([][]byte, n)
 		users                    = make([]int64, n)
+		entries                  = make([]outbox.Entry, n)
 		byID                     = make(map[uuid.UUID]int, n)
 		now                      = time.Now()
+		// The accepted event's time, as PostgreSQL stores it.
+		occurred = now.UTC().Truncate(time.Microsecond)
 	)
 	for i, r := range reqs {
 		id, err := uuid.NewV7()
@@ -67,58 +103,44 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 		fps[i], users[i], items[i] = r.Req.Fingerprint(), r.Req.UserID, raw
 		amounts[i], curs[i], cbs[i] = r.Req.Amount.String(), r.Req.Currency, r.Req.CallbackURL
 		byID[id] = i
+		entries[i] = outbox.Entry{Ctx: r.Ctx, Event: acceptedEvent(id, r.ClientID, r.Req.RequestID, occurred)}
 	}
-	inserted := make([]bool, n)
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `
-			INSERT INTO orders (order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount, currency, callback_url)
-			SELECT t.order_id, t.order_no, t.client_id, t.request_id, t.fingerprint, 'processing', t.user_id, t.items, t.amount::numeric, t.currency, NULLIF(t.callback_url, '')
-			FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::bytea[], $6::bigint[], $7::jsonb[], $8::text[], $9::text[], $10::text[])
-			     AS t(order_id, order_no, client_id, request_id, fingerprint, user_id, items, amount, currency, callback_url)
-			ON CONFLICT DO NOTHING
-			RETURNING order_id, created_at, updated_at`,
-			ids, nos, clients, rids, fps, users, items, amounts, curs, cbs)
-		if err != nil {
-			return fmt.Errorf("insert orders: %w", err)
-		}
-		var got []uuid.UUID
-		for rows.Next() {
-			var id uuid.UUID
-			var created, updated time.Time
-			if err := rows.Scan(&id, &created, &updated); err != nil {
-				rows.Close()
-				return err
-			}
-			i := byID[id]
-			inserted[i] = true
-			r := reqs[i]
-			res[i].Order = order.Order{ID: id, No: nos[i], RequestID: rids[i], Status: order.StatusProcessing, UserID: users[i], Items: r.Req.Items,
-				Amount: r.Req.Amount, Currency: curs[i], ClientID: r.ClientID, CallbackURL: cbs[i], Fingerprint: fps[i], CreatedAt: created, UpdatedAt: updated}
-			got = append(got, id)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("insert orders: %w", err)
-		}
-		if len(got) == 0 {
-			return nil
-		}
-		changes := make([]Change, len(got))
-		for k, id := range got {
-			i := byID[id]
-			changes[k] = Change{Ctx: reqs[i].Ctx, OrderID: id, ClientID: reqs[i].ClientID, RequestID: rids[i], Status: order.StatusProcessing}
-		}
-		oids, err := RecordMany(ctx, tx, changes)
-		if err != nil {
-			return fmt.Errorf("record accepted orders: %w", err)
-		}
-		for k, id := range got {
-			res[byID[id]].OutboxID = oids[k]
-		}
-		return nil
-	})
+	events, err := outbox.Rows(ctx, entries)
 	if err != nil {
 		return nil, err
+	}
+	cols, err := outbox.Columns(events)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]any{ids, nos, clients, rids, fps, users, items, amounts, curs, cbs, occurred}, cols...)
+	inserted := make([]bool, n)
+	rows, err := pool.Query(ctx, insertBatchSQL, args...)
+	if err != nil {
+		return nil, fmt.Errorf("insert orders: %w", err)
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		var created, updated time.Time
+		var outboxID int64
+		if err := rows.Scan(&id, &created, &updated, &outboxID); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("insert orders: %w", err)
+		}
+		i := byID[id]
+		inserted[i] = true
+		r := reqs[i]
+		res[i].Order = order.Order{ID: id, No: nos[i], RequestID: rids[i], Status: order.StatusProcessing, UserID: users[i], Items: r.Req.Items,
+			Amount: r.Req.Amount, Currency: curs[i], ClientID: r.ClientID, CallbackURL: cbs[i], Fingerprint: fps[i], CreatedAt: created, UpdatedAt: updated}
+		res[i].OutboxID = outboxID
+		res[i].Event = events[i]
+		res[i].Event.ID = outboxID
+	}
+	// Close reads up to the end of the statement, its commit included:
+	// no request is answered before its row committed.
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("insert orders: %w", err)
 	}
 	// The others lost to a stored (client, request_id), or collided on
 	// their order number: read the stored orders in one query.
@@ -126,13 +148,13 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 	var missRIDs []string
 	for i := range reqs {
 		if !inserted[i] {
-			missClients, missRIDs = append(missClients, clients[i]), append(missRIDs, rids[i])
+			missClients, missRIDs = append(missClients, reqs[i].ClientID), append(missRIDs, rids[i])
 		}
 	}
 	if len(missRIDs) == 0 {
 		return res, nil
 	}
-	rows, err := pool.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE (client_id, request_id) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))`, missClients, missRIDs)
+	rows, err = pool.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE (client_id, request_id) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))`, missClients, missRIDs)
 	if err != nil {
 		return nil, fmt.Errorf("read the stored orders of repeated requests: %w", err)
 	}
@@ -153,7 +175,7 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 		if inserted[i] {
 			continue
 		}
-		o, ok := stored[[2]string{clients[i].String(), rids[i]}]
+		o, ok := stored[[2]string{reqs[i].ClientID.String(), rids[i]}]
 		if !ok {
 			res[i].Retry = true // its order number collided
 			res[i].OrderNoCollisions = 1

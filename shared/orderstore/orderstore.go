@@ -43,6 +43,20 @@ type Change struct {
 	Reason    string
 }
 
+// event is the event that announces c, which happened at at.
+func (c Change) event(at time.Time) orderevent.Event {
+	return orderevent.Event{
+		Version:    orderevent.Version,
+		Name:       orderevent.ForStatus(c.Status),
+		OrderID:    c.OrderID,
+		ClientID:   c.ClientID,
+		RequestID:  c.RequestID,
+		Status:     c.Status,
+		Reason:     c.Reason,
+		OccurredAt: at,
+	}
+}
+
 // RecordMany is Record for many orders at once, each at most once, in two
 // statements (the history rows, then the outbox events), and returns their
 // outbox row ids in the order given.
@@ -81,16 +95,7 @@ func RecordMany(ctx context.Context, tx pgx.Tx, cs []Change) ([]int64, error) {
 	}
 	es := make([]outbox.Entry, n)
 	for i, c := range cs {
-		es[i] = outbox.Entry{Ctx: c.Ctx, Event: orderevent.Event{
-			Version:    orderevent.Version,
-			Name:       orderevent.ForStatus(c.Status),
-			OrderID:    c.OrderID,
-			ClientID:   c.ClientID,
-			RequestID:  c.RequestID,
-			Status:     c.Status,
-			Reason:     c.Reason,
-			OccurredAt: occurred[i].UTC(),
-		}}
+		es[i] = outbox.Entry{Ctx: c.Ctx, Event: c.event(occurred[i].UTC())}
 	}
 	return outbox.EnqueueMany(ctx, tx, es)
 }

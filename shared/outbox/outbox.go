@@ -67,9 +67,60 @@ type Entry struct {
 // one statement (a group commit's events) and returns their row ids, in
 // the order given. No two of them may have the same order and message id.
 func EnqueueMany(ctx context.Context, tx postgres.DB, ps []Entry) ([]int64, error) {
-	n := len(ps)
-	msgIDs, events, payloads, headers, orders := make([]string, n), make([]string, n), make([][]byte, n), make([][]byte, n), make([]uuid.UUID, n)
-	at := make(map[string]int, n)
+	rows, err := Rows(ctx, ps)
+	if err != nil {
+		return nil, err
+	}
+	args, err := Columns(rows)
+	if err != nil {
+		return nil, err
+	}
+	q, err := tx.Query(ctx, `
+		INSERT INTO outbox (`+ColumnList+`)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])
+		RETURNING id, order_id, msg_id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %d event(s): %w", len(rows), err)
+	}
+	at := make(map[string]int, len(rows))
+	for i, x := range rows {
+		at[x.OrderID.String()+" "+x.MsgID] = i
+	}
+	ids := make([]int64, len(rows))
+	for q.Next() {
+		var id int64
+		var oid uuid.UUID
+		var msgID string
+		if err := q.Scan(&id, &oid, &msgID); err != nil {
+			q.Close()
+			return nil, fmt.Errorf("enqueue %d event(s): %w", len(rows), err)
+		}
+		ids[at[oid.String()+" "+msgID]] = id
+	}
+	q.Close()
+	if err := q.Err(); err != nil {
+		return nil, fmt.Errorf("enqueue %d event(s): %w", len(rows), err)
+	}
+	return ids, nil
+}
+
+// Row is one outbox row as it is written and published: the event's
+// message id, name, encoded payload and headers (with the trace of the
+// change). ID is the row's id once written.
+type Row struct {
+	ID      int64
+	OrderID uuid.UUID
+	MsgID   string
+	Event   string
+	Payload []byte
+	Headers map[string]string
+}
+
+// Rows encodes entries as the outbox rows that announce them (ID still 0).
+// No two of them may have the same order and message id.
+func Rows(ctx context.Context, ps []Entry) ([]Row, error) {
+	rows := make([]Row, len(ps))
+	seen := make(map[string]bool, len(ps))
 	for i, p := range ps {
 		e := p.Event
 		payload, err := orderevent.Encode(e)
@@ -82,40 +133,36 @@ func EnqueueMany(ctx context.Context, tx postgres.DB, ps []Entry) ([]int64, erro
 		}
 		h := e.Headers()
 		tracing.Inject(tctx, h) // the change's trace continues in every handler
-		hb, err := json.Marshal(h)
-		if err != nil {
-			return nil, err
-		}
-		msgIDs[i], events[i], payloads[i], headers[i], orders[i] = e.MsgID(), string(e.Name), payload, hb, e.OrderID
-		key := e.OrderID.String() + " " + msgIDs[i]
-		if _, dup := at[key]; dup {
+		rows[i] = Row{OrderID: e.OrderID, MsgID: e.MsgID(), Event: string(e.Name), Payload: payload, Headers: h}
+		key := e.OrderID.String() + " " + rows[i].MsgID
+		if seen[key] {
 			return nil, fmt.Errorf("enqueue %s event of order %s twice in one statement", e.Name, e.OrderID)
 		}
-		at[key] = i
+		seen[key] = true
 	}
-	rows, err := tx.Query(ctx, `
-		INSERT INTO outbox (msg_id, event, payload, headers, order_id)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])
-		RETURNING id, order_id, msg_id`, msgIDs, events, payloads, headers, orders)
-	if err != nil {
-		return nil, fmt.Errorf("enqueue %d event(s): %w", n, err)
-	}
-	ids := make([]int64, n)
-	for rows.Next() {
-		var id int64
-		var oid uuid.UUID
-		var msgID string
-		if err := rows.Scan(&id, &oid, &msgID); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("enqueue %d event(s): %w", n, err)
+	return rows, nil
+}
+
+// ColumnList names the outbox columns that Columns gives values for, in
+// their order: a statement that writes rows itself (the intake's one
+// statement for orders, history and events) inserts them with
+// "INSERT INTO outbox (ColumnList) SELECT … unnest($a::text[],
+// $b::text[], $c::bytea[], $d::jsonb[], $e::uuid[])".
+const ColumnList = "msg_id, event, payload, headers, order_id"
+
+// Columns returns rows as one array per column of ColumnList, as
+// statement arguments.
+func Columns(rows []Row) ([]any, error) {
+	n := len(rows)
+	msgIDs, events, payloads, headers, orders := make([]string, n), make([]string, n), make([][]byte, n), make([][]byte, n), make([][16]byte, n)
+	for i, x := range rows {
+		hb, err := json.Marshal(x.Headers)
+		if err != nil {
+			return nil, fmt.Errorf("encode the headers of %s: %w", x.MsgID, err)
 		}
-		ids[at[oid.String()+" "+msgID]] = id
+		msgIDs[i], events[i], payloads[i], headers[i], orders[i] = x.MsgID, x.Event, x.Payload, hb, x.OrderID
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("enqueue %d event(s): %w", n, err)
-	}
-	return ids, nil
+	return []any{msgIDs, events, payloads, headers, orders}, nil
 }
 
 // Relay publishes pending outbox rows.
@@ -191,14 +238,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-type row struct {
-	id      int64
-	msgID   string
-	event   string
-	payload []byte
-	headers map[string]string
-}
-
 // PublishPending publishes up to Batch pending rows older than minAge, in
 // id order, and returns how many it published. Rows claimed by another
 // relay are skipped.
@@ -242,9 +281,9 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 	if err != nil {
 		return 0, fmt.Errorf("claim pending outbox rows: %w", err)
 	}
-	batch, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
-		var x row
-		return x, cr.Scan(&x.id, &x.msgID, &x.event, &x.payload, &x.headers)
+	batch, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (Row, error) {
+		var x Row
+		return x, cr.Scan(&x.ID, &x.MsgID, &x.Event, &x.Payload, &x.Headers)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claim pending outbox rows: %w", err)
@@ -252,41 +291,80 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 	if len(batch) == 0 {
 		return 0, nil
 	}
-	sort.Slice(batch, func(i, j int) bool { return batch[i].id < batch[j].id })
+	sort.Slice(batch, func(i, j int) bool { return batch[i].ID < batch[j].ID })
 	done, seqs, failed, pubErr := r.publishBatch(ctx, batch)
-	if len(done) > 0 {
-		if err := failpoint.Inject(FailAfterPublish); err != nil {
-			return 0, err // a simulated crash: the claims expire, another pass publishes again
-		}
-		if _, err := r.Pool.Exec(context.WithoutCancel(ctx), stampSQL, done, seqs); err != nil {
-			return 0, fmt.Errorf("stamp published outbox rows: %w", err)
-		}
+	if err := r.Stamp(ctx, Acked{path: path, ids: done, seqs: seqs}); err != nil {
+		return 0, err
 	}
 	if len(failed) > 0 {
 		// Give the rows back at once rather than at the lease's end.
 		_, _ = r.Pool.Exec(context.WithoutCancel(ctx), `UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL`, failed)
 	}
-	metrics.OutboxPublished.WithLabelValues(path).Add(float64(len(done)))
 	return len(done), pubErr
+}
+
+// PublishRows publishes rows that the caller has just committed (the
+// intake's inline path) from memory: no claim and no read of the rows,
+// which no relay takes before they are MinAge old. It waits for the acks
+// and returns what the broker acknowledged, for Stamp; the caller may
+// answer its clients before stamping. A row that was not acknowledged
+// stays pending for the relay. When the connection to NATS is down it
+// returns at once, as Publish does. Should a relay publish a row as well
+// (the inline path took longer than MinAge), the broker's duplicate
+// window drops the second copy.
+func (r *Relay) PublishRows(ctx context.Context, rows []Row) (Acked, error) {
+	if len(rows) == 0 {
+		return Acked{}, nil
+	}
+	r.defaults()
+	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
+		return Acked{}, fmt.Errorf("%w: not connected (%s); %d event(s) left to the relay", ErrBrokerUnavailable, nc.Status(), len(rows))
+	}
+	done, seqs, _, err := r.publishBatch(ctx, rows)
+	return Acked{path: "inline", ids: done, seqs: seqs}, err
+}
+
+// Acked is what a publish got acknowledged by the broker: the rows to
+// Stamp, with their stream sequences.
+type Acked struct {
+	path      string
+	ids, seqs []int64
+}
+
+// Stamp marks the acknowledged rows published. A row left unstamped (the
+// process died first) is published again by a relay, and the broker's
+// duplicate window or the consumers' dedupe rows drop the copy.
+func (r *Relay) Stamp(ctx context.Context, a Acked) error {
+	if len(a.ids) == 0 {
+		return nil
+	}
+	if err := failpoint.Inject(FailAfterPublish); err != nil {
+		return err // a simulated crash: the claims expire, another pass publishes again
+	}
+	if _, err := r.Pool.Exec(context.WithoutCancel(ctx), stampSQL, a.ids, a.seqs); err != nil {
+		return fmt.Errorf("stamp published outbox rows: %w", err)
+	}
+	metrics.OutboxPublished.WithLabelValues(a.path).Add(float64(len(a.ids)))
+	return nil
 }
 
 // publishBatch publishes rows asynchronously and waits for their acks. A
 // row the broker refuses does not hold back the rows behind it; when the
 // stream is missing, Ensure provisions it and the rest waits for the next
 // pass.
-func (r *Relay) publishBatch(ctx context.Context, batch []row) (done, seqs, failed []int64, err error) {
+func (r *Relay) publishBatch(ctx context.Context, batch []Row) (done, seqs, failed []int64, err error) {
 	type inflight struct {
-		x   row
+		x   Row
 		ack jetstream.PubAckFuture
 	}
 	var errs []error
 	var fl []inflight
 	for _, x := range batch {
 		msg := r.message(x)
-		f, perr := r.JS.PublishMsgAsync(msg, jetstream.WithMsgID(x.msgID))
+		f, perr := r.JS.PublishMsgAsync(msg, jetstream.WithMsgID(x.MsgID))
 		if perr != nil {
-			failed = append(failed, x.id)
-			errs = append(errs, fmt.Errorf("publish %s (%s): %w", x.msgID, msg.Subject, perr))
+			failed = append(failed, x.ID)
+			errs = append(errs, fmt.Errorf("publish %s (%s): %w", x.MsgID, msg.Subject, perr))
 			continue
 		}
 		fl = append(fl, inflight{x, f})
@@ -297,26 +375,26 @@ func (r *Relay) publishBatch(ctx context.Context, batch []row) (done, seqs, fail
 	for i, f := range fl {
 		select {
 		case ack := <-f.ack.Ok():
-			done, seqs = append(done, f.x.id), append(seqs, int64(ack.Sequence))
+			done, seqs = append(done, f.x.ID), append(seqs, int64(ack.Sequence))
 			continue
 		case e := <-f.ack.Err():
-			errs = append(errs, fmt.Errorf("publish %s: %w", f.x.msgID, e))
+			errs = append(errs, fmt.Errorf("publish %s: %w", f.x.MsgID, e))
 			if errors.Is(e, jetstream.ErrNoStreamResponse) || errors.Is(e, nats.ErrNoResponders) || errors.Is(e, jetstream.ErrStreamNotFound) {
 				missing = true
 			}
 		case <-timer.C:
 			for _, rest := range fl[i:] {
-				failed = append(failed, rest.x.id)
+				failed = append(failed, rest.x.ID)
 			}
 			errs = append(errs, fmt.Errorf("%w: %d publish(es) not acknowledged within %s", ErrBrokerUnavailable, len(fl)-i, r.PublishTimeout))
 			return done, seqs, failed, errors.Join(errs...)
 		case <-ctx.Done():
 			for _, rest := range fl[i:] {
-				failed = append(failed, rest.x.id)
+				failed = append(failed, rest.x.ID)
 			}
 			return done, seqs, failed, errors.Join(append(errs, ctx.Err())...)
 		}
-		failed = append(failed, f.x.id)
+		failed = append(failed, f.x.ID)
 	}
 	if missing && r.Ensure != nil {
 		if err := r.Ensure(ctx); err != nil {
@@ -328,12 +406,12 @@ func (r *Relay) publishBatch(ctx context.Context, batch []row) (done, seqs, fail
 	return done, seqs, failed, errors.Join(errs...)
 }
 
-func (r *Relay) message(x row) *nats.Msg {
-	msg := &nats.Msg{Subject: r.Topology.Subject(orderevent.Name(x.event)), Data: x.payload, Header: nats.Header{}}
-	for k, v := range x.headers {
+func (r *Relay) message(x Row) *nats.Msg {
+	msg := &nats.Msg{Subject: r.Topology.Subject(orderevent.Name(x.Event)), Data: x.Payload, Header: nats.Header{}}
+	for k, v := range x.Headers {
 		msg.Header.Set(k, v)
 	}
-	msg.Header.Set(orderevent.HeaderMsgID, x.msgID)
+	msg.Header.Set(orderevent.HeaderMsgID, x.MsgID)
 	return msg
 }
 
