@@ -143,6 +143,16 @@ func TestBadFlags(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "invalid value") {
 		t.Errorf("probe --timeout soon: exit %d, stderr %q", code, errOut)
 	}
+	// dev runs only parts it has, each once, and says which it has.
+	for _, args := range [][]string{{"dev", "producr"}, {"dev", "producer", "producer"}} {
+		code, _, errOut := orderpipe(t, args...)
+		if code != 2 || !strings.Contains(errOut, "part") || !strings.Contains(errOut, "usage: orderpipe dev") {
+			t.Errorf("orderpipe %v: exit %d, stderr %q; want 2 naming the parts", args, code, errOut)
+		}
+	}
+	if _, _, errOut := orderpipe(t, "dev", "producr"); !strings.Contains(errOut, "producer, psp, consumers, compensator, webhooks") {
+		t.Errorf("dev producr: the error should list the parts: %q", errOut)
+	}
 }
 
 func TestBadEnvironment(t *testing.T) {

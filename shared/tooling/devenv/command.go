@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,12 +33,13 @@ func Command(parts []Part) cli.Command {
 	return cli.Command{
 		Name:    "dev",
 		Summary: "run the whole pipeline in one process: managed PostgreSQL, embedded NATS, every part; writes $ORDERPIPE_DATA_DIR/dev.env",
-		Usage:   "",
+		Usage:   "[PART...]",
 		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, config.EnvDataDir,
 			config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout, config.EnvDevNATSSyncAlways),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
-			if len(inv.Args) > 0 {
-				return cli.Usagef("dev takes no arguments")
+			parts, err := Select(parts, inv.Args)
+			if err != nil {
+				return cli.Usagef("%v", err)
 			}
 			cfg := inv.Config
 			if _, set := os.LookupEnv(config.EnvLogFormat); !set {
@@ -49,6 +51,37 @@ func Command(parts []Part) cli.Command {
 			return Run(ctx, cfg, app.NewLogger(cfg, inv.Stderr), parts, inv.Stdout)
 		},
 	}
+}
+
+// Select returns the parts named, in the order dev starts them, or all of
+// them when names is empty: `orderpipe dev producer` runs the intake alone
+// (to measure it without the consumers sharing its cores). A name that is
+// no part, or one given twice, is an error that lists the parts.
+func Select(parts []Part, names []string) ([]Part, error) {
+	if len(names) == 0 {
+		return parts, nil
+	}
+	known := make([]string, len(parts))
+	for i, p := range parts {
+		known[i] = p.Name
+	}
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		if !slices.Contains(known, n) {
+			return nil, fmt.Errorf("dev: no part %q; the parts are %s", n, strings.Join(known, ", "))
+		}
+		if want[n] {
+			return nil, fmt.Errorf("dev: part %q named twice", n)
+		}
+		want[n] = true
+	}
+	var out []Part
+	for _, p := range parts {
+		if want[p.Name] {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // Run starts the stack and the parts, prints how to reach them, and runs

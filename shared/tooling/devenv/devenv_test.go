@@ -291,3 +291,31 @@ func atoiFirstLine(t *testing.T, b []byte) int {
 	}
 	return pid
 }
+
+// TestSelectKeepsDevsOrder: dev starts the parts named in its own order
+// (a part may depend on one before it), all of them when none is named.
+func TestSelectKeepsDevsOrder(t *testing.T) {
+	parts := []Part{{Name: "a"}, {Name: "b"}, {Name: "c"}}
+	names := func(ps []Part) string {
+		var n []string
+		for _, p := range ps {
+			n = append(n, p.Name)
+		}
+		return strings.Join(n, ",")
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{{nil, "a,b,c"}, {[]string{"c", "a"}, "a,c"}, {[]string{"b"}, "b"}} {
+		got, err := Select(parts, tc.args)
+		if err != nil || names(got) != tc.want {
+			t.Errorf("Select(%v) = %s, %v; want %s", tc.args, names(got), err, tc.want)
+		}
+	}
+	if _, err := Select(parts, []string{"d"}); err == nil || !strings.Contains(err.Error(), "a, b, c") {
+		t.Errorf("Select(d): %v; want an error listing the parts", err)
+	}
+	if _, err := Select(parts, []string{"a", "a"}); err == nil {
+		t.Error("Select(a, a): want an error")
+	}
+}
