@@ -13,6 +13,7 @@ import (
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/groupcommit"
 	"orderpipe/shared/metrics"
+	"orderpipe/shared/outbox"
 )
 
 // Group commit of a step's messages. The handlers of one step run
@@ -26,7 +27,7 @@ import (
 // timer: at low load a batch is one message and goes at once; under load
 // messages queue behind the running transaction and share the next commit,
 // so the commit's WAL flush, the transaction's round trips and the inline
-// publish's claim and stamp are paid once per batch, not once per message.
+// publish's read and stamp are paid once per batch, not once per message.
 //
 // A batch is all or nothing, and no message's answer depends on the others:
 // when any Apply fails, or the commit does, the transaction is rolled back
@@ -125,9 +126,11 @@ func (c *committer) published(batch []*commitJob, fresh []bool, ids []int64) {
 	if n > 0 {
 		after = failpoint.Inject(FailAfterCommit)
 	}
+	var acked outbox.Acked
 	if after == nil {
 		c.p.observeMoves(ctx, ids)
-		if err := c.p.relay.Publish(ctx, ids...); err != nil {
+		var err error
+		if acked, err = c.p.relay.PublishIDs(ctx, ids...); err != nil {
 			// Committed: the relay publishes the pending rows later.
 			Logger(ctx).WarnContext(ctx, "inline publish after commit; the relay will retry", slog.Any("error", err), slog.Int("events", len(ids)))
 		}
@@ -138,6 +141,12 @@ func (c *committer) published(batch []*commitJob, fresh []bool, ids []int64) {
 			r.err = after
 		}
 		j.done <- r
+	}
+	// The answers went first: a row left unstamped is published again by
+	// the relay, and the broker (or the next step's dedupe row) drops the
+	// copy.
+	if err := c.p.relay.Stamp(ctx, acked); err != nil {
+		Logger(ctx).WarnContext(ctx, "stamp published events; the relay publishes them again", slog.Any("error", err))
 	}
 }
 

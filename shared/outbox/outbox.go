@@ -247,19 +247,46 @@ func (r *Relay) PublishPending(ctx context.Context, minAge time.Duration) (int, 
 }
 
 // Publish publishes the given rows now if they are still pending (the
-// inline path right after the commit that wrote them). When the
-// connection to NATS is down it returns at once: the rows stay for the
-// relay, and the caller (an intake request) does not wait on the broker.
+// inline path right after the commit that wrote them) and stamps them:
+// PublishIDs, then Stamp. When the connection to NATS is down it returns
+// at once: the rows stay for the relay, and the caller (an intake request)
+// does not wait on the broker.
 func (r *Relay) Publish(ctx context.Context, ids ...int64) error {
+	a, err := r.PublishIDs(ctx, ids...)
+	if serr := r.Stamp(ctx, a); serr != nil {
+		return errors.Join(err, serr)
+	}
+	return err
+}
+
+// PublishIDs publishes the given rows if they are still pending, as
+// PublishRows does, and returns what the broker acknowledged, for Stamp:
+// a caller that need not wait for the stamp (a pipeline step's batch,
+// whose messages are settled first) stamps after. The rows are read, not
+// claimed (the inline path runs right after their commit, long before a
+// relay takes them at MinAge; should one do so, the broker's duplicate
+// window drops the second copy), and a row a relay holds the lease of is
+// left to it.
+func (r *Relay) PublishIDs(ctx context.Context, ids ...int64) (Acked, error) {
 	if len(ids) == 0 {
-		return nil
+		return Acked{}, nil
 	}
 	r.defaults()
 	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
-		return fmt.Errorf("%w: not connected (%s); %d event(s) left to the relay", ErrBrokerUnavailable, nc.Status(), len(ids))
+		return Acked{}, fmt.Errorf("%w: not connected (%s); %d event(s) left to the relay", ErrBrokerUnavailable, nc.Status(), len(ids))
 	}
-	_, err := r.publishWhere(ctx, "inline", `id = ANY($1) ORDER BY id`, ids)
-	return err
+	rows, err := r.Pool.Query(ctx, `
+		SELECT id, msg_id, event, payload, headers FROM outbox
+		WHERE id = ANY($1) AND published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
+		ORDER BY id`, ids)
+	if err != nil {
+		return Acked{}, fmt.Errorf("read pending outbox rows: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, scanRow)
+	if err != nil {
+		return Acked{}, fmt.Errorf("read pending outbox rows: %w", err)
+	}
+	return r.PublishRows(ctx, batch)
 }
 
 // ErrBrokerUnavailable marks a publish that could not reach the broker.
@@ -281,10 +308,7 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 	if err != nil {
 		return 0, fmt.Errorf("claim pending outbox rows: %w", err)
 	}
-	batch, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (Row, error) {
-		var x Row
-		return x, cr.Scan(&x.ID, &x.MsgID, &x.Event, &x.Payload, &x.Headers)
-	})
+	batch, err := pgx.CollectRows(rows, scanRow)
 	if err != nil {
 		return 0, fmt.Errorf("claim pending outbox rows: %w", err)
 	}
@@ -301,6 +325,12 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 		_, _ = r.Pool.Exec(context.WithoutCancel(ctx), `UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL`, failed)
 	}
 	return len(done), pubErr
+}
+
+// scanRow reads a row of "id, msg_id, event, payload, headers".
+func scanRow(cr pgx.CollectableRow) (Row, error) {
+	var x Row
+	return x, cr.Scan(&x.ID, &x.MsgID, &x.Event, &x.Payload, &x.Headers)
 }
 
 // PublishRows publishes rows that the caller has just committed (the

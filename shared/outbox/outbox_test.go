@@ -211,6 +211,57 @@ func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
 	}
 }
 
+// PublishIDs publishes without claiming or stamping: the row stays pending
+// and unclaimed until the caller stamps what was acknowledged. A step that
+// dies between the two (its messages already settled) leaves the row to the
+// relay, whose publish has the same Nats-Msg-Id and is dropped by the broker.
+func TestPublishIDsThenStamp(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	r := newRelay(t, db, env)
+	e := event()
+	id := enqueue(t, db.Pool, e)
+	claimed := enqueue(t, db.Pool, event())
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET claimed_until = now() + interval '1 hour' WHERE id = $1`, claimed); err != nil {
+		t.Fatal(err)
+	}
+
+	a, err := r.PublishIDs(t.Context(), id, claimed)
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if got := rowOf(t, db.Pool, id); got.published || got.claimed {
+		t.Fatalf("row after PublishIDs, before Stamp: %+v, want pending and unclaimed", got)
+	}
+	if ids := msgIDs(t, env.JS, env.Topology.Stream); len(ids) != 1 || ids[e.MsgID()] != 1 {
+		t.Fatalf("stream messages per msg id: %v, want one of %s (the row another relay holds is left to it)", ids, e.MsgID())
+	}
+
+	// The process died before the stamp: a relay pass publishes the row
+	// again; the broker keeps one copy, and the row is stamped with its
+	// sequence.
+	if n, err := r.PublishPending(t.Context(), 0); err != nil || n != 1 {
+		t.Fatalf("relay pass after an unstamped publish: %d, %v; want 1, nil", n, err)
+	}
+	if ids := msgIDs(t, env.JS, env.Topology.Stream); len(ids) != 1 || ids[e.MsgID()] != 1 {
+		t.Fatalf("stream messages per msg id after the relay: %v, want one of %s", ids, e.MsgID())
+	}
+	first := rowOf(t, db.Pool, id)
+	if !first.published || first.streamSeq == nil {
+		t.Fatalf("row after the relay: %+v, want published with a sequence", first)
+	}
+
+	// Stamping late what was acknowledged records the same sequence.
+	if err := r.Stamp(t.Context(), a); err != nil {
+		t.Fatalf("stamp: %v", err)
+	}
+	if got := rowOf(t, db.Pool, id); !got.published || got.streamSeq == nil || *got.streamSeq != *first.streamSeq {
+		t.Fatalf("row after the late stamp: %+v, want published at sequence %d", got, *first.streamSeq)
+	}
+	if got := rowOf(t, db.Pool, claimed); got.published {
+		t.Fatal("a row another relay holds was published")
+	}
+}
+
 func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
 	db, env := testenv.DB(t), testenv.NATS(t)
 	r := newRelay(t, db, env)
