@@ -145,6 +145,34 @@ func TestRedriveNotAcknowledgedIsNotCounted(t *testing.T) {
 	}
 }
 
+// TestRedriveLeasedByARelayIsCounted: another publisher (a relay, or a
+// second compensator's republish) leases the re-drive's outbox row right
+// after the pass commits it, so the pass's own publish leaves the row to
+// that lease. The row is being published, not lost: the attempt counts,
+// the row stays, and the pass reports no outage.
+func TestRedriveLeasedByARelayIsCounted(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	id := w.newOrder(spec{status: order.StatusReserved})
+	w.exec(`CREATE FUNCTION lease_at_once() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN NEW.claimed_until := now() + interval '1 minute'; RETURN NEW; END $$`)
+	w.exec(`CREATE TRIGGER lease_at_once BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION lease_at_once()`)
+	w.age(id)
+	res, err := w.comp(w.cfg(3), w.psp).RunOnce(t.Context())
+	if err != nil || res.Redriven != 1 {
+		t.Fatalf("pass: %+v, %v; want the leased re-drive counted", res, err)
+	}
+	if n := w.int(`SELECT redrive_attempts FROM orders WHERE order_id = $1`, id); n != 1 {
+		t.Fatalf("attempts %d, want 1", n)
+	}
+	if n := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1 AND action = 'redrive'`, id); n != 1 {
+		t.Fatalf("recorded re-drives %d, want 1", n)
+	}
+	if n := w.int(`SELECT count(*) FROM outbox WHERE order_id = $1 AND published_at IS NULL AND claimed_until > now()`, id); n != 1 {
+		t.Fatalf("leased pending rows %d, want the re-drive's row left to its lease holder", n)
+	}
+}
+
 // TestForceSkipsTheWindowCheck: --force lets an operator run with windows
 // that do not fit (here deadlines inside the consumers' horizon); what the
 // forced run does is recorded as forced. Without --force the same command

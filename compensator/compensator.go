@@ -536,7 +536,11 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 			}
 		}
 		if len(lost) > 0 {
-			errs = append(errs, fmt.Errorf("%w: %d re-drive(s) not acknowledged, not counted: %w", ErrBrokerUnavailable, len(lost), pubErr))
+			err := fmt.Errorf("%w: %d re-drive(s) not acknowledged, not counted", ErrBrokerUnavailable, len(lost))
+			if pubErr != nil {
+				err = fmt.Errorf("%w: %w", err, pubErr)
+			}
+			errs = append(errs, err)
 		}
 	}
 	return len(claimed), last, errors.Join(errs...)
@@ -560,13 +564,20 @@ func (c *Compensator) taken(a Action, res *Result) {
 	c.logAction(a)
 }
 
-// unacknowledged returns the outbox ids of re-drives still unpublished.
+// unleasedPending is the condition on an outbox row whose event nobody
+// published and nobody is publishing: a row under another publisher's
+// lease (a relay, or another compensator's republish, took it right after
+// the commit) is on its way to the broker, and its re-drive stands.
+const unleasedPending = `published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())`
+
+// unacknowledged returns the outbox ids of re-drives still unpublished and
+// not being published by another publisher.
 func (c *Compensator) unacknowledged(ctx context.Context, rs []redriven) (map[int64]bool, error) {
 	ids := make([]int64, len(rs))
 	for i, r := range rs {
 		ids[i] = r.outboxID
 	}
-	rows, err := c.pool.Query(ctx, `SELECT id FROM outbox WHERE id = ANY($1) AND published_at IS NULL`, ids)
+	rows, err := c.pool.Query(ctx, `SELECT id FROM outbox WHERE id = ANY($1) AND `+unleasedPending, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read the re-drives' outbox rows: %w", err)
 	}
@@ -582,11 +593,11 @@ func (c *Compensator) unacknowledged(ctx context.Context, rs []redriven) (map[in
 }
 
 // undoRedrive takes back a re-drive the broker did not acknowledge: its
-// event leaves the outbox (unless a relay published it meanwhile, in which
-// case it stands), its attempt is not counted, its action is not recorded.
+// event leaves the outbox (unless a relay published it or leased it
+// meanwhile, in which case it stands), its attempt is not counted, its action is not recorded.
 func (c *Compensator) undoRedrive(ctx context.Context, r redriven) error {
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `DELETE FROM outbox WHERE id = $1 AND published_at IS NULL`, r.outboxID)
+		tag, err := tx.Exec(ctx, `DELETE FROM outbox WHERE id = $1 AND `+unleasedPending, r.outboxID)
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
