@@ -11,6 +11,8 @@
 //
 // Before the provider is called the payment is recorded as pending: whoever
 // finds a pending payment knows that a charge may exist under its key. The
+// concurrent messages' first steps (read the order, record its pending
+// payment) share one statement (payments.PendingMany). The
 // provider call happens outside any transaction (it may be slow; the router
 // keeps the message alive with in-progress acks meanwhile).
 //
@@ -27,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -34,6 +37,7 @@ import (
 
 	"orderpipe/consumers/step"
 	"orderpipe/shared/failpoint"
+	"orderpipe/shared/groupcommit"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
@@ -52,12 +56,75 @@ const FailAfterCharge = "payment.after-charge"
 // Step returns the payment step.
 func Step(pool *pgxpool.Pool, client *psp.Client) step.Step {
 	p := &paymentStep{pool: pool, psp: client}
+	p.reads = groupcommit.Queue[*readJob]{Flush: p.read, MaxBatch: maxReadBatch, Flushers: readFlushers}
 	return step.Step{Name: Name, Events: []orderevent.Name{orderevent.Reserved}, Prepare: p.handle, Batch: p.record}
 }
 
 type paymentStep struct {
 	pool *pgxpool.Pool
 	psp  *psp.Client
+	// reads batches the first thing each message does (read its order,
+	// record its pending payment) over the concurrent messages: one
+	// statement for many (payments.PendingMany).
+	reads groupcommit.Queue[*readJob]
+}
+
+// The batched reads: at most maxReadBatch orders in one statement, at most
+// readFlushers statements at once.
+const (
+	maxReadBatch = 64
+	readFlushers = 2
+)
+
+// readJob is one message's read: its order, and where its answer goes.
+type readJob struct {
+	id   uuid.UUID
+	done chan readResult
+}
+
+type readResult struct {
+	due   payments.Due
+	found bool
+	err   error
+}
+
+// read is the reads' flush: one statement for the batch's orders. It runs
+// on its own context (the messages' contexts end with their handlers, and
+// a read is short), bounded by readTimeout.
+func (p *paymentStep) read(batch []*readJob) {
+	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	defer cancel()
+	ids := make([]uuid.UUID, len(batch))
+	for i, j := range batch {
+		ids[i] = j.id
+	}
+	due, err := payments.PendingMany(ctx, p.pool, ids, string(order.StatusReserved))
+	for _, j := range batch {
+		d, ok := due[j.id]
+		j.done <- readResult{due: d, found: ok, err: err}
+	}
+}
+
+// readTimeout bounds one batched read.
+const readTimeout = 30 * time.Second
+
+// due reads the order of a message and records its pending payment if it
+// is reserved, in the step's next batched read.
+func (p *paymentStep) due(ctx context.Context, id uuid.UUID) (payments.Due, error) {
+	j := &readJob{id: id, done: make(chan readResult, 1)}
+	p.reads.Add(j)
+	select {
+	case r := <-j.done:
+		switch {
+		case r.err != nil:
+			return payments.Due{}, fmt.Errorf("read order %s: %w", id, r.err)
+		case !r.found:
+			return payments.Due{}, step.Permanent(fmt.Errorf("charge order %s: %w", id, orderstore.ErrNotFound))
+		}
+		return r.due, nil
+	case <-ctx.Done():
+		return payments.Due{}, fmt.Errorf("read order %s: %w", id, ctx.Err())
+	}
 }
 
 var errOrderCancelled = errors.New("order was cancelled while it was being charged")
@@ -78,15 +145,12 @@ type charged struct {
 
 func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.CommitIntent) error {
 	id := m.Event.OrderID
-	var status, amount, currency string
-	err := p.pool.QueryRow(ctx, `SELECT status, amount::text, currency FROM orders WHERE order_id = $1`, id).Scan(&status, &amount, &currency)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return step.Permanent(fmt.Errorf("charge order %s: %w", id, orderstore.ErrNotFound))
-	}
+	d, err := p.due(ctx, id)
 	if err != nil {
-		return fmt.Errorf("read order %s: %w", id, err)
+		return err
 	}
-	if s := order.Status(status); s != order.StatusReserved {
+	amount, currency := d.Amount, d.Currency
+	if s := order.Status(d.Status); s != order.StatusReserved {
 		// A late or repeated message. An earlier delivery may have charged
 		// before dying: if the order was given up, settle that charge.
 		if gaveUp(s) {
@@ -97,9 +161,7 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 		_, err := commit(ctx, nil)
 		return err
 	}
-	if err := payments.RecordPending(ctx, p.pool, id, amount, currency); err != nil {
-		return err
-	}
+	// The read recorded the pending payment: the charge may go out.
 	ans, err := p.psp.Charge(ctx, payments.ChargeKey(id), amount, currency, id.String())
 	refusal := ""
 	switch {

@@ -1,6 +1,7 @@
 package payment_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -223,4 +224,66 @@ func TestDeclineReleasesStock(t *testing.T) {
 		t.Fatalf("stock %d after a decline, want 100", n)
 	}
 	e.CheckInvariants(t)
+}
+
+// TestPendingMany: the payment step's batched read records the pending
+// payment of each order in the chargeable status, once, and of no other;
+// it reads every order named, once, and leaves out an order that does not
+// exist.
+func TestPendingMany(t *testing.T) {
+	t.Parallel()
+	e, _ := setup(t, pspserver.Options{})
+	ctx := t.Context()
+	reserved := func(amount string) uuid.UUID {
+		t.Helper()
+		id, _ := e.InsertOrder(t, amount, pipetest.Line{SKU: "SKU-1", Qty: 1})
+		err := pgx.BeginFunc(ctx, e.DB.Pool, func(tx pgx.Tx) error {
+			_, err := orderstore.Transition(ctx, tx, id, order.StatusProcessing, order.StatusReserved, "")
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a, b := reserved("4.50"), reserved("7.00")
+	processing, _ := e.InsertOrder(t, "9.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	missing := uuid.New()
+	// b has its pending row already, under other figures: it stays as it is.
+	if err := payments.RecordPending(ctx, e.DB.Pool, b, "1.00", "EUR"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // twice: the second run finds every row there
+		due, err := payments.PendingMany(ctx, e.DB.Pool, []uuid.UUID{b, missing, a, processing, a}, string(order.StatusReserved))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[uuid.UUID]payments.Due{
+			a:          {Status: "reserved", Amount: "4.50", Currency: "CNY"},
+			b:          {Status: "reserved", Amount: "7.00", Currency: "CNY"},
+			processing: {Status: "processing", Amount: "9.00", Currency: "CNY"},
+		}
+		if len(due) != len(want) {
+			t.Fatalf("PendingMany = %+v, want %+v", due, want)
+		}
+		for id, w := range want {
+			if due[id] != w {
+				t.Fatalf("PendingMany[%s] = %+v, want %+v", id, due[id], w)
+			}
+		}
+	}
+	for id, w := range map[uuid.UUID]string{a: "4.50 CNY pending", b: "1.00 EUR pending", processing: ""} {
+		var got string
+		err := e.DB.Pool.QueryRow(ctx, `SELECT amount::text || ' ' || currency || ' ' || status FROM payments WHERE order_id = $1 AND idempotency_key = $2`,
+			id, payments.ChargeKey(id)).Scan(&got)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+		if err != nil || got != w {
+			t.Fatalf("payment of %s = %q, %v; want %q", id, got, err, w)
+		}
+	}
+	if _, err := payments.PendingMany(ctx, e.DB.Pool, nil, string(order.StatusReserved)); err != nil {
+		t.Fatalf("PendingMany of no orders: %v", err)
+	}
 }

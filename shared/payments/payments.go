@@ -105,6 +105,58 @@ func RecordPending(ctx context.Context, db postgres.DB, orderID uuid.UUID, amoun
 	return nil
 }
 
+// Due is what PendingMany read of one order: its status, and what a
+// charge of it is for.
+type Due struct {
+	Status   string
+	Amount   string
+	Currency string
+}
+
+// PendingMany reads the status, amount and currency of each of the orders
+// and records the pending payment (as RecordPending does) of each one whose
+// status is chargeable, in ONE statement: the payment step's reads of many
+// concurrent messages, batched. An order that does not exist is absent from
+// the map; an order named twice is read once. The orders are taken in id
+// order, so that two such statements at once never wait for each other's
+// pending rows in a cycle.
+func PendingMany(ctx context.Context, db postgres.DB, orderIDs []uuid.UUID, chargeable string) (map[uuid.UUID]Due, error) {
+	ids, keys := make([][16]byte, len(orderIDs)), make([]string, len(orderIDs))
+	for i, id := range orderIDs {
+		ids[i], keys[i] = id, ChargeKey(id)
+	}
+	rows, err := db.Query(ctx, `
+		WITH o AS (
+			SELECT o.order_id, o.status, o.amount, o.currency, k.key
+			FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS k(order_id, key) JOIN orders o USING (order_id)
+			ORDER BY o.order_id),
+		pend AS (
+			INSERT INTO payments (order_id, idempotency_key, amount, currency, status)
+			SELECT order_id, key, amount, currency, 'pending' FROM o
+			WHERE status = $3 ORDER BY order_id
+			ON CONFLICT (order_id) DO NOTHING)
+		SELECT order_id, status, amount::text, currency FROM o`, ids, keys, chargeable)
+	if err != nil {
+		return nil, fmt.Errorf("read %d orders and record their pending payments: %w", len(orderIDs), err)
+	}
+	due := make(map[uuid.UUID]Due, len(orderIDs))
+	for rows.Next() {
+		var (
+			id uuid.UUID
+			d  Due
+		)
+		if err := rows.Scan(&id, &d.Status, &d.Amount, &d.Currency); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read %d orders and record their pending payments: %w", len(orderIDs), err)
+		}
+		due[id] = d
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read %d orders and record their pending payments: %w", len(orderIDs), err)
+	}
+	return due, nil
+}
+
 // Record writes the provider's answer for the charge key (succeeded,
 // declined or voided) on a pending payment; a payment that is no longer
 // pending is left as it is (the answer for one key never changes).
