@@ -1,9 +1,12 @@
 package orderstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -64,6 +67,15 @@ const insertBatchSQL = `
 	)
 	SELECT ins.order_id, ins.created_at, ins.updated_at, events.id FROM ins JOIN events USING (order_id)`
 
+// permuted returns a's elements in the order perm names them.
+func permuted[T any](perm []int, a []T) []T {
+	out := make([]T, len(perm))
+	for p, i := range perm {
+		out[p] = a[i]
+	}
+	return out
+}
+
 // InsertBatch stores many new orders in ONE statement (insertBatchSQL):
 // the orders, their history rows and their accepted events, so that
 // concurrent requests share one round trip and one commit (group commit).
@@ -113,7 +125,24 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 	if err != nil {
 		return nil, err
 	}
-	args := append([]any{ids, nos, clients, rids, fps, users, items, amounts, curs, cbs, occurred}, cols...)
+	// The rows go in in (client, request_id) order, so that two batches
+	// that hold the same requests (a client's retries spread over the
+	// flushers) take their keys in one order: one waits for the other's
+	// commit instead of both waiting on each other (a deadlock that
+	// PostgreSQL breaks only after deadlock_timeout, failing a batch).
+	perm := make([]int, n)
+	for i := range perm {
+		perm[i] = i
+	}
+	slices.SortStableFunc(perm, func(a, b int) int {
+		if c := bytes.Compare(clients[a][:], clients[b][:]); c != 0 {
+			return c
+		}
+		return strings.Compare(rids[a], rids[b])
+	})
+	args := []any{permuted(perm, ids), permuted(perm, nos), permuted(perm, clients), permuted(perm, rids), permuted(perm, fps),
+		permuted(perm, users), permuted(perm, items), permuted(perm, amounts), permuted(perm, curs), permuted(perm, cbs), occurred}
+	args = append(args, cols...)
 	inserted := make([]bool, n)
 	rows, err := pool.Query(ctx, insertBatchSQL, args...)
 	if err != nil {
@@ -181,7 +210,7 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 			res[i].OrderNoCollisions = 1
 			continue
 		}
-		r, err := replay(o, fps[i])
+		r, err := Replay(o, fps[i])
 		_, sameBatch := byID[o.ID] // a concurrent request of this batch won
 		r.RequestIDConflict = sameBatch
 		res[i].Inserted, res[i].Err = r, err

@@ -2,6 +2,7 @@ package orderstore_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,5 +64,46 @@ func TestInsertBatch(t *testing.T) {
 	}, same)
 	if err != nil || res[0].Err != nil || res[0].Retry || !res[1].Retry {
 		t.Fatalf("order number collision: %+v, %v", res, err)
+	}
+}
+
+// TestConcurrentBatchesOfTheSameRequestsDoNotDeadlock: two group commits
+// at once that hold the same request_ids in opposite orders (a retry storm:
+// every user's retries spread over both flushers) must both succeed. Each
+// waits on the other's insert of a key it also inserts; unless both take
+// the keys in one order, PostgreSQL finds a deadlock after its
+// deadlock_timeout (a second) and fails a batch.
+func TestConcurrentBatchesOfTheSameRequestsDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := t.Context()
+	client := newClient(t, db.Pool)
+	const users = 200
+	for round := range 3 {
+		var forward, backward []orderstore.NewOrder
+		for u := range users {
+			forward = append(forward, orderstore.NewOrder{Ctx: ctx, ClientID: client, Req: request(t, fmt.Sprintf("storm-%d-%d", round, u), `"39.98"`)})
+		}
+		for u := users - 1; u >= 0; u-- {
+			backward = append(backward, forward[u])
+		}
+		errs := make(chan error, 2)
+		for _, batch := range [][]orderstore.NewOrder{forward, backward} {
+			go func() {
+				res, err := orderstore.InsertBatch(ctx, db.Pool, batch, nil)
+				for _, r := range res {
+					err = errors.Join(err, r.Err)
+				}
+				errs <- err
+			}()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if n := count(t, db.Pool, `SELECT count(*) FROM orders WHERE request_id LIKE $1`, fmt.Sprintf("storm-%d-%%", round)); n != users {
+			t.Fatalf("round %d: %d orders, want %d", round, n, users)
+		}
 	}
 }
