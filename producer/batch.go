@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/groupcommit"
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/outbox"
@@ -43,17 +45,75 @@ type job struct {
 type batcher struct {
 	s *Service
 	q groupcommit.Queue[*job]
+
+	mu       sync.Mutex
+	inFlight map[reqKey]*leader // the requests being written, by key
+}
+
+// reqKey is a create request's identity: its client and request_id.
+type reqKey struct {
+	client    uuid.UUID
+	requestID string
+}
+
+// leader is a request in flight that concurrent requests of the same key
+// wait for: done is closed once res is set. waiters counts them.
+type leader struct {
+	done    chan struct{}
+	res     orderstore.BatchResult
+	waiters int
 }
 
 func newBatcher(s *Service) *batcher {
-	b := &batcher{s: s}
+	b := &batcher{s: s, inFlight: map[reqKey]*leader{}}
 	b.q = groupcommit.Queue[*job]{Flush: b.flush, MaxBatch: maxBatch, Flushers: maxFlushers}
 	return b
 }
 
 // insert writes one create request in the next batch and returns its
-// result.
+// result. A request whose key (client, request_id) is already being
+// written by this process waits for that request instead (a retry storm
+// costs one row, not one per retry) and is answered from its order: a
+// replay when the payloads match, order.ErrRequestIDReused when they do
+// not. When the request it waited for failed, it is written itself.
 func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (orderstore.Inserted, error) {
+	key := reqKey{clientID, req.RequestID}
+	for {
+		b.mu.Lock()
+		l, waiting := b.inFlight[key]
+		if waiting {
+			l.waiters++
+		} else {
+			l = &leader{done: make(chan struct{})}
+			b.inFlight[key] = l
+		}
+		b.mu.Unlock()
+		if !waiting {
+			r, err := b.write(ctx, clientID, req)
+			b.mu.Lock()
+			delete(b.inFlight, key)
+			b.mu.Unlock()
+			l.res = orderstore.BatchResult{Inserted: r, Err: err}
+			close(l.done)
+			return r, err
+		}
+		select {
+		case <-l.done:
+		case <-ctx.Done():
+			return orderstore.Inserted{}, ctx.Err()
+		}
+		if l.res.Err != nil {
+			continue // its failure is its own (a deadline, a mismatch): try again
+		}
+		metrics.IntakeCoalesced.Inc()
+		r, err := orderstore.Replay(l.res.Order, req.Fingerprint())
+		r.RequestIDConflict = true
+		return r, err
+	}
+}
+
+// write puts one create request in the next batch and returns its result.
+func (b *batcher) write(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (orderstore.Inserted, error) {
 	j := &job{ctx: ctx, clientID: clientID, req: req, done: make(chan orderstore.BatchResult, 1)}
 	b.q.Add(j)
 	select {

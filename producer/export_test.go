@@ -1,5 +1,7 @@
 package producer
 
+import "github.com/google/uuid"
+
 // Route is an operation of the API as the router registers it (tests).
 type Route struct {
 	Method, Pattern string
@@ -17,4 +19,15 @@ func Routes() []Route {
 		out = append(out, Route{r.method, r.pattern, st})
 	}
 	return out
+}
+
+// Waiters is how many create requests wait for the one of clientID and
+// requestID that this process is writing (0 when none is in flight).
+func (s *Service) Waiters(clientID uuid.UUID, requestID string) int {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	if l := s.batch.inFlight[reqKey{clientID, requestID}]; l != nil {
+		return l.waiters
+	}
+	return 0
 }

@@ -42,6 +42,12 @@ var (
 	// concurrent duplicate request_id, or a colliding order_no.
 	UniqueConflicts = counterVec("orderpipe_unique_conflicts_total", "Unique-constraint conflicts on order insert, by constraint: request_id or order_no.", "constraint")
 
+	// IntakeCoalesced counts create requests that arrived while a request
+	// of the same client and request_id was in flight in the same process
+	// and were answered from its result, without a row of their own in the
+	// group commit. They are counted among the request_id conflicts too.
+	IntakeCoalesced = prometheus.NewCounter(prometheus.CounterOpts{Name: "orderpipe_intake_coalesced_total", Help: "Create requests answered from a concurrent request of the same (client, request_id) in the same intake process."})
+
 	// OrdersFinished counts orders reaching a terminal state.
 	OrdersFinished = counterVec("orderpipe_orders_finished_total", "Orders that reached a terminal state, by status: confirmed, rejected, cancelled.", "status")
 
@@ -110,7 +116,7 @@ func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
 
 // Collectors returns every orderpipe collector.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, OrdersFinished, StageSeconds,
+	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, IntakeCoalesced, OrdersFinished, StageSeconds,
 		HandlerMessages, HandlerDuration, StepBatchSize, StepBatchDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
 		WebhookDeliveries, OutboxPublished, TokensIssued, Tokens}
 }

@@ -71,7 +71,7 @@ func Insert(ctx context.Context, pool *pgxpool.Pool, clientID uuid.UUID, req ord
 	existing, err := GetByRequestID(ctx, pool, clientID, req.RequestID)
 	switch {
 	case err == nil:
-		return replay(existing, fp)
+		return Replay(existing, fp)
 	case !errors.Is(err, ErrNotFound):
 		return Inserted{}, err
 	}
@@ -111,7 +111,7 @@ func Insert(ctx context.Context, pool *pgxpool.Pool, clientID uuid.UUID, req ord
 			if gerr != nil {
 				return Inserted{}, fmt.Errorf("read order of request %s after a duplicate insert: %w", req.RequestID, gerr)
 			}
-			r, err := replay(existing, fp)
+			r, err := Replay(existing, fp)
 			r.OrderNoCollisions, r.RequestIDConflict = res.OrderNoCollisions, true
 			return r, err
 		case postgres.IsUniqueViolation(err, ConstraintOrderNo) && attempt < opts.MaxOrderNoAttempts:
@@ -123,7 +123,10 @@ func Insert(ctx context.Context, pool *pgxpool.Pool, clientID uuid.UUID, req ord
 	}
 }
 
-func replay(existing order.Order, fp []byte) (Inserted, error) {
+// Replay answers a create request whose (client, request_id) is taken by
+// existing, a request with fingerprint fp: the order (Replayed) when the
+// fingerprints match, order.ErrRequestIDReused when they do not.
+func Replay(existing order.Order, fp []byte) (Inserted, error) {
 	if !bytes.Equal(existing.Fingerprint, fp) {
 		return Inserted{Order: existing}, fmt.Errorf("request %s (order %s): %w", existing.RequestID, existing.ID, order.ErrRequestIDReused)
 	}

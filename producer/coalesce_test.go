@@ -1,0 +1,86 @@
+package producer_test
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"orderpipe/producer"
+	"orderpipe/shared/order"
+	"orderpipe/shared/tooling/testenv"
+)
+
+// TestConcurrentDuplicatesShareOneWrite: while a create request is being
+// written, the requests of the same client and request_id that arrive wait
+// for it instead of adding rows of their own to the group commit: one
+// order number is drawn, one order stored; the duplicates are answered as
+// replays of that order once it committed, and the one with another
+// payload gets ErrRequestIDReused.
+func TestConcurrentDuplicatesShareOneWrite(t *testing.T) {
+	t.Parallel()
+	h := setup(t, roomy)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var drawn atomic.Int32
+	var once sync.Once
+	svc := producer.NewService(h.env, producer.Options{NewOrderNo: func(at time.Time) string {
+		drawn.Add(1)
+		once.Do(func() { close(entered); <-release })
+		return order.NewOrderNo(at)
+	}})
+	decode := func(body string) order.CreateRequest {
+		req, err := order.DecodeCreateRequest([]byte(body), order.DecodeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return req
+	}
+	same, other := decode(orderBody("storm")), decode(`{"request_id":"storm","user_id":42,"items":[{"sku":"SKU-1","quantity":2}],"amount":"1.00","currency":"CNY"}`)
+	client := h.creds.ClientID
+	type answer struct {
+		o        order.Order
+		replayed bool
+		err      error
+	}
+	create := func(req order.CreateRequest, out chan<- answer) {
+		o, replayed, err := svc.Create(t.Context(), client, req)
+		out <- answer{o, replayed, err}
+	}
+	first := make(chan answer, 1)
+	go create(same, first)
+	<-entered // the first request's batch is being written
+	const dups = 40
+	rest := make(chan answer, dups+1)
+	for range dups {
+		go create(same, rest)
+	}
+	go create(other, rest)
+	testenv.WaitFor(t, 10*time.Second, "the duplicates to wait for the first request", func() bool {
+		return svc.Waiters(client, "storm") == dups+1
+	})
+	close(release)
+	a := <-first
+	if a.err != nil || a.replayed {
+		t.Fatalf("first request: %+v", a)
+	}
+	mismatched := 0
+	for range dups + 1 {
+		r := <-rest
+		switch {
+		case errors.Is(r.err, order.ErrRequestIDReused):
+			mismatched++
+		case r.err != nil || !r.replayed || r.o.ID != a.o.ID:
+			t.Fatalf("duplicate: %+v, want a replay of %s", r, a.o.ID)
+		}
+	}
+	if mismatched != 1 {
+		t.Fatalf("%d requests refused for another payload, want 1", mismatched)
+	}
+	if n := drawn.Load(); n != 1 {
+		t.Fatalf("%d order numbers drawn, want 1 (one row written)", n)
+	}
+	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
+	}
+}
