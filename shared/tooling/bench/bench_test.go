@@ -165,6 +165,17 @@ func TestAgainstARealStack(t *testing.T) {
 	if rp.Requests != 15 || rp.OrdersInDB != 5 || rp.Extra["created"] != 5 || rp.Extra["replayed"] != 10 || rp.Extra["found_by_request_id"] != 5 || len(r.Failures) != 0 {
 		t.Fatalf("replay 5×3: %+v", rp)
 	}
+	// Each user's requests one after another, on new connections.
+	out = filepath.Join(t.TempDir(), "replay-sequential")
+	if stdout, stderr, err := invoke(t, nil, cfg, s.args("replay", out, "--users", "4", "--requests", "3", "--burst=false", "--cold")...); err != nil {
+		t.Fatalf("bench replay --burst=false --cold: %v\n%s\n%s", err, stdout, stderr)
+	}
+	r = readResult(t, out)
+	checkRun(t, r.Runs[0], "replay")
+	rp = r.Runs[0]
+	if rp.Requests != 12 || rp.Concurrency != 4 || rp.OrdersInDB != 4 || rp.Extra["created"] != 4 || rp.Extra["replayed"] != 8 || len(r.Failures) != 0 {
+		t.Fatalf("replay 4×3, one user's requests after another: %+v", rp)
+	}
 
 	out = filepath.Join(t.TempDir(), "baseline")
 	if stdout, stderr, err := invoke(t, nil, cfg, s.args("baseline", out, "--duration", "1s", "--concurrency", "4")...); err != nil {

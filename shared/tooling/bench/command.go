@@ -57,6 +57,15 @@ type Settings struct {
 	// Users and Requests shape replay: Users × Requests, all at once.
 	Users    int `json:"users"`
 	Requests int `json:"requests_per_user"`
+	// Cold makes replay open a new connection for each of its requests
+	// inside the measured burst; by default the connections are opened
+	// first (one warm-up burst of GET /healthz), as a shop backend's
+	// keep-alive client has them open.
+	Cold bool `json:"cold,omitempty"`
+	// Burst makes replay send all Users × Requests requests at once;
+	// without it the Users send at once, each its Requests one after
+	// another.
+	Burst bool `json:"burst"`
 	// Rounds is how many baseline+intake pairs compare runs.
 	Rounds int `json:"rounds"`
 	// Timeout bounds one request.
@@ -84,7 +93,7 @@ type flags struct {
 	concurrency, users, requests, rounds   *int
 	rate                                   *int
 	duration, timeout, drain               *time.Duration
-	settle                                 *bool
+	settle, cold, burst                    *bool
 }
 
 // Command is `orderpipe bench <action> [flags]`.
@@ -109,6 +118,8 @@ func command(run func(ctx context.Context, s Settings, out, progress io.Writer) 
 			f.duration = fs.Duration("duration", 15*time.Second, "length of one run (intake, e2e, baseline, and each compare round)")
 			f.users = fs.Int("users", 100, "replay: users, each with its own request_id")
 			f.requests = fs.Int("requests", 10, "replay: requests per user, all sent at once")
+			f.burst = fs.Bool("burst", true, "replay: send all users × requests at once (false: the users at once, each its requests one after another)")
+			f.cold = fs.Bool("cold", false, "replay: open the connections inside the measured burst (default: opened by a warm-up burst first)")
 			f.rounds = fs.Int("rounds", 4, "compare: baseline+intake pairs (A B A B …)")
 			f.timeout = fs.Duration("timeout", 30*time.Second, "bound on one request")
 			f.drain = fs.Duration("drain", 5*time.Minute, "e2e: how long to wait for accepted orders to finish")
@@ -147,7 +158,7 @@ func parse(inv cli.Invocation, f flags) (Settings, error) {
 	}
 	s := Settings{
 		Action: action, Concurrency: *f.concurrency, Rate: *f.rate, Duration: *f.duration, Users: *f.users, Requests: *f.requests,
-		Rounds: *f.rounds, Timeout: *f.timeout, Drain: *f.drain, Settle: *f.settle, Out: *f.out,
+		Cold: *f.cold, Burst: *f.burst, Rounds: *f.rounds, Timeout: *f.timeout, Drain: *f.drain, Settle: *f.settle, Out: *f.out,
 	}
 	var errs []string
 	if s.Concurrency < 1 || s.Concurrency > MaxConcurrency {

@@ -69,6 +69,9 @@ func TestMalformedCommandLines(t *testing.T) {
 			{[]string{"--requests", "-2"}, "--requests"},
 			{[]string{"--users", "100000", "--requests", "100"}, "--users"},
 			{[]string{"--rounds", "0"}, "--rounds"},
+			{[]string{"--burst=maybe"}, "invalid"},
+			{[]string{"--burst", "maybe"}, "unexpected arguments"},
+			{[]string{"--cold=2"}, "invalid"},
 			{[]string{"--timeout", "0s"}, "--timeout"},
 			{[]string{"--drain", "-1m"}, "--drain"},
 			{[]string{"--url", "not a url"}, "--url"},
@@ -136,8 +139,11 @@ func TestSettingsFromDevEnv(t *testing.T) {
 		t.Fatalf("flags over dev.env: %+v, %v", s, err)
 	}
 	// The flags may also come before the action.
-	if s, err = settingsOf(t, cfg, "--users", "5", "replay", "--requests", "3"); err != nil || s.Users != 5 || s.Requests != 3 {
+	if s, err = settingsOf(t, cfg, "--users", "5", "replay", "--requests", "3"); err != nil || s.Users != 5 || s.Requests != 3 || !s.Burst || s.Cold {
 		t.Fatalf("flags around the action: %+v, %v", s, err)
+	}
+	if s, err = settingsOf(t, cfg, "replay", "--burst=false", "--cold"); err != nil || s.Burst || !s.Cold {
+		t.Fatalf("replay --burst=false --cold: %+v, %v", s, err)
 	}
 	// A malformed dev.env is reported, not half-read.
 	if err := os.WriteFile(filepath.Join(cfg.DataDir, "dev.env"), []byte("HTTP_ADDR :9091\n"), 0o600); err != nil {

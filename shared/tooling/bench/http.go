@@ -173,19 +173,34 @@ func countOrders(ctx context.Context, pool *pgxpool.Pool, prefix string) (rows, 
 }
 
 // runReplay is the article's scenario: s.Users users, each sending
-// s.Requests requests with the user's own request_id, all released at
-// once. Each request goes through the project's Go client
+// s.Requests requests with the user's own request_id: all released at
+// once (s.Burst), or the users at once, each sending its requests one
+// after another (a load tester's thread group of s.Users threads looping
+// s.Requests times). Each request goes through the project's Go client
 // (producer/client), as a shop backend's would: the intake sheds load
 // beyond its bounds with retryable answers (503 code 103, 429 code 102,
 // with Retry-After), which the client retries with backoff; a request's
 // latency is its whole call, retries included, and the retries are
 // counted. Exactly s.Users orders must exist afterwards, checked over the
 // API (GET /v1/orders?request_id=) and, with the database, there too.
+// Unless s.Cold, the client's connections are opened before the burst
+// (warmUp), so that the burst measures the intake rather than TCP set-up.
 func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.Writer) (Measurement, error) {
 	prefix := newRunID()
 	total := s.Users * s.Requests
 	httpClient := newHTTPClient(total, 0)
 	defer httpClient.CloseIdleConnections()
+	// In a burst every request has its own sender; otherwise each user
+	// sends its requests one after another.
+	senders, each := total, 1
+	if !s.Burst {
+		senders, each = s.Users, s.Requests
+	}
+	if !s.Cold {
+		if err := warmUp(ctx, httpClient, s.URL, senders); err != nil {
+			return Measurement{}, err
+		}
+	}
 	c := client.New(s.URL, s.APIKey)
 	c.HTTP = httpClient
 	results := make(chan *vegeta.Result, total)
@@ -194,30 +209,15 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		wg      sync.WaitGroup
 		start   = make(chan struct{})
 	)
-	for i := range total {
+	for i := range senders {
 		user := i%s.Users + 1
 		req := client.OrderRequest{RequestID: fmt.Sprintf("%s-%d", prefix, user), UserID: int64(user),
 			Items: []client.Item{{SKU: fmt.Sprintf("SKU-%d", user%100+1), Quantity: 1}}, Amount: fmt.Sprintf("%d.%02d", 10+user%90, user%100), Currency: "CNY"}
 		wg.Go(func() {
 			<-start
-			t0 := time.Now()
-			r, err := c.CreateOrder(ctx, req)
-			res := &vegeta.Result{Timestamp: t0, Latency: time.Since(t0), Code: http.StatusAccepted}
-			retries.Add(int64(max(r.Attempts-1, 0)))
-			switch {
-			case err != nil:
-				res.Code, res.Error = 0, err.Error()
-				var p *client.Problem
-				if errors.As(err, &p) {
-					res.Code = uint16(p.Status)
-				}
-			case r.Replayed:
-				res.Code = http.StatusOK
+			for range each {
+				results <- sendReplay(ctx, c, req, &retries)
 			}
-			if err == nil {
-				res.Body, _ = json.Marshal(orderAnswer{OrderID: r.Order.OrderID, RequestID: r.Order.RequestID, Status: r.Order.Status})
-			}
-			results <- res
 		})
 	}
 	go func() {
@@ -229,7 +229,7 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		created, replayed int64
 		orderOf           = map[string]map[string]bool{} // request_id → order_ids answered
 	)
-	run := collect("replay", total, results, progress, func(res *vegeta.Result) {
+	run := collect("replay", senders, results, progress, func(res *vegeta.Result) {
 		a, ok := parseAnswer(res.Body)
 		if !ok || res.Code/100 != 2 {
 			return
@@ -268,6 +268,64 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		run.Duplicates += rows - distinct
 	}
 	return run, nil
+}
+
+// sendReplay sends one request of a replay and returns its result
+// (latency over the whole call, retries included).
+func sendReplay(ctx context.Context, c *client.Client, req client.OrderRequest, retries *atomic.Int64) *vegeta.Result {
+	t0 := time.Now()
+	r, err := c.CreateOrder(ctx, req)
+	res := &vegeta.Result{Timestamp: t0, Latency: time.Since(t0), Code: http.StatusAccepted}
+	retries.Add(int64(max(r.Attempts-1, 0)))
+	switch {
+	case err != nil:
+		res.Code, res.Error = 0, err.Error()
+		var p *client.Problem
+		if errors.As(err, &p) {
+			res.Code = uint16(p.Status)
+		}
+	case r.Replayed:
+		res.Code = http.StatusOK
+	}
+	if err == nil {
+		res.Body, _ = json.Marshal(orderAnswer{OrderID: r.Order.OrderID, RequestID: r.Order.RequestID, Status: r.Order.Status})
+	}
+	return res
+}
+
+// warmUp opens up to n keep-alive connections to the intake: n concurrent
+// GET /healthz, released at once, whose connections stay idle in the
+// client's pool for the measured burst to reuse.
+func warmUp(ctx context.Context, c *http.Client, baseURL string, n int) error {
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			<-start
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/healthz", nil)
+			if err == nil {
+				var resp *http.Response
+				if resp, err = c.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("GET /healthz: %s", resp.Status)
+					}
+				}
+			}
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return fmt.Errorf("open the connections before the burst: %w", err)
+		}
+	}
+	return nil
 }
 
 // lookUpOrders asks GET /v1/orders?request_id= for every user's
