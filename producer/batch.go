@@ -47,13 +47,28 @@ type batcher struct {
 	q groupcommit.Queue[*job]
 
 	mu       sync.Mutex
-	inFlight map[reqKey]*leader // the requests being written, by key
+	inFlight map[orderstore.Key]*leader // the requests being written, by key
+	// known holds keys whose order this process saw committed (bounded:
+	// it starts over when full); a request of a known key is a replay and
+	// is read (reads), not written.
+	known map[orderstore.Key]struct{}
+	reads groupcommit.Queue[*readJob]
 }
 
-// reqKey is a create request's identity: its client and request_id.
-type reqKey struct {
-	client    uuid.UUID
-	requestID string
+// maxKnown bounds the keys the batcher remembers as committed.
+const maxKnown = 65536
+
+// readJob is a request of a known key waiting for its order to be read.
+type readJob struct {
+	ctx  context.Context
+	key  orderstore.Key
+	done chan readResult
+}
+
+type readResult struct {
+	o     order.Order
+	found bool
+	err   error
 }
 
 // leader is a request in flight that concurrent requests of the same key
@@ -65,7 +80,8 @@ type leader struct {
 }
 
 func newBatcher(s *Service) *batcher {
-	b := &batcher{s: s, inFlight: map[reqKey]*leader{}}
+	b := &batcher{s: s, inFlight: map[orderstore.Key]*leader{}, known: map[orderstore.Key]struct{}{}}
+	b.reads = groupcommit.Queue[*readJob]{Flush: b.flushReads, MaxBatch: maxBatch, Flushers: maxFlushers}
 	b.q = groupcommit.Queue[*job]{Flush: b.flush, MaxBatch: maxBatch, Flushers: maxFlushers}
 	return b
 }
@@ -77,7 +93,7 @@ func newBatcher(s *Service) *batcher {
 // replay when the payloads match, order.ErrRequestIDReused when they do
 // not. When the request it waited for failed, it is written itself.
 func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (orderstore.Inserted, error) {
-	key := reqKey{clientID, req.RequestID}
+	key := orderstore.Key{ClientID: clientID, RequestID: req.RequestID}
 	for {
 		b.mu.Lock()
 		l, waiting := b.inFlight[key]
@@ -89,9 +105,15 @@ func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.Crea
 		}
 		b.mu.Unlock()
 		if !waiting {
-			r, err := b.write(ctx, clientID, req)
+			r, err := b.readOrWrite(ctx, key, req)
 			b.mu.Lock()
 			delete(b.inFlight, key)
+			if err == nil {
+				if len(b.known) >= maxKnown {
+					clear(b.known)
+				}
+				b.known[key] = struct{}{}
+			}
 			b.mu.Unlock()
 			l.res = orderstore.BatchResult{Inserted: r, Err: err}
 			close(l.done)
@@ -112,6 +134,78 @@ func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.Crea
 	}
 }
 
+// readOrWrite answers a request of a key known to be committed from a
+// read of its order (a replay, or ErrRequestIDReused), and writes any
+// other request, or one whose read found nothing.
+func (b *batcher) readOrWrite(ctx context.Context, key orderstore.Key, req order.CreateRequest) (orderstore.Inserted, error) {
+	b.mu.Lock()
+	_, known := b.known[key]
+	b.mu.Unlock()
+	if known {
+		j := &readJob{ctx: ctx, key: key, done: make(chan readResult, 1)}
+		b.reads.Add(j)
+		var r readResult
+		select {
+		case r = <-j.done:
+		case <-ctx.Done():
+			return orderstore.Inserted{}, ctx.Err()
+		}
+		if r.err != nil {
+			return orderstore.Inserted{}, r.err
+		}
+		if r.found {
+			return orderstore.Replay(r.o, req.Fingerprint())
+		}
+	}
+	return b.write(ctx, key.ClientID, req)
+}
+
+// flushReads reads the orders of one batch of known keys in one query.
+func (b *batcher) flushReads(batch []*readJob) {
+	live, ctx, cancel := liveBatch(batch, b.s.opts.Timeout, func(j *readJob) context.Context { return j.ctx },
+		func(j *readJob, err error) { j.done <- readResult{err: err} })
+	defer cancel()
+	if len(live) == 0 {
+		return
+	}
+	clients, rids := make([]uuid.UUID, len(live)), make([]string, len(live))
+	for i, j := range live {
+		clients[i], rids[i] = j.key.ClientID, j.key.RequestID
+	}
+	stored, err := orderstore.GetByRequestIDs(ctx, b.s.env.Pool, clients, rids)
+	for _, j := range live {
+		o, found := stored[j.key]
+		j.done <- readResult{o: o, found: found, err: err}
+	}
+}
+
+// liveBatch drops from batch the requests whose context already ended
+// (answering each with its error through fail) and returns the others with
+// the batch's context: no cancellation, and the latest of their deadlines
+// (timeout from now when none has one).
+func liveBatch[T any](batch []T, timeout time.Duration, ctxOf func(T) context.Context, fail func(T, error)) ([]T, context.Context, context.CancelFunc) {
+	live := batch[:0:0]
+	var deadline time.Time
+	for _, j := range batch {
+		if err := ctxOf(j).Err(); err != nil {
+			fail(j, err)
+			continue
+		}
+		live = append(live, j)
+		if dl, ok := ctxOf(j).Deadline(); ok && dl.After(deadline) {
+			deadline = dl
+		}
+	}
+	if len(live) == 0 {
+		return nil, context.Background(), func() {}
+	}
+	if deadline.IsZero() {
+		deadline = time.Now().Add(timeout)
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctxOf(live[0])), deadline)
+	return live, ctx, cancel
+}
+
 // write puts one create request in the next batch and returns its result.
 func (b *batcher) write(ctx context.Context, clientID uuid.UUID, req order.CreateRequest) (orderstore.Inserted, error) {
 	j := &job{ctx: ctx, clientID: clientID, req: req, done: make(chan orderstore.BatchResult, 1)}
@@ -128,28 +222,14 @@ func (b *batcher) write(ctx context.Context, clientID uuid.UUID, req order.Creat
 // flush writes one batch and answers its requests.
 func (b *batcher) flush(batch []*job) {
 	s := b.s
-	live := batch[:0:0]
-	var deadline time.Time
-	for _, j := range batch {
-		if err := j.ctx.Err(); err != nil {
-			j.done <- orderstore.BatchResult{Err: err}
-			continue
-		}
-		live = append(live, j)
-		if dl, ok := j.ctx.Deadline(); ok && dl.After(deadline) {
-			deadline = dl
-		}
-	}
+	// The batch outlives a request that gives up: its row may commit, and
+	// the client's retry is answered from it.
+	live, ctx, cancel := liveBatch(batch, s.opts.Timeout, func(j *job) context.Context { return j.ctx },
+		func(j *job, err error) { j.done <- orderstore.BatchResult{Err: err} })
+	defer cancel()
 	if len(live) == 0 {
 		return
 	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(s.opts.Timeout)
-	}
-	// The batch outlives a request that gives up: its row may commit, and
-	// the client's retry is answered from it.
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(live[0].ctx), deadline)
-	defer cancel()
 	items := make([]orderstore.NewOrder, len(live))
 	for i, j := range live {
 		items[i] = orderstore.NewOrder{Ctx: j.ctx, ClientID: j.clientID, Req: j.req}

@@ -84,3 +84,60 @@ func TestConcurrentDuplicatesShareOneWrite(t *testing.T) {
 		t.Fatalf("%d orders, want 1", n)
 	}
 }
+
+// TestReplayOfAKnownKeyIsARead: once a process has seen a key's order
+// committed, a later request of that key is answered from a read of the
+// order, without a row in the group commit (no order number drawn): a
+// replay for the same payload, ErrRequestIDReused for another. A key
+// another process committed is found by the write path, as before, and
+// known from then on.
+func TestReplayOfAKnownKeyIsARead(t *testing.T) {
+	t.Parallel()
+	h := setup(t, roomy)
+	var drawn atomic.Int32
+	count := func(at time.Time) string { drawn.Add(1); return order.NewOrderNo(at) }
+	svc := producer.NewService(h.env, producer.Options{NewOrderNo: count})
+	other := producer.NewService(h.env, producer.Options{})
+	decode := func(body string) order.CreateRequest {
+		req, err := order.DecodeCreateRequest([]byte(body), order.DecodeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return req
+	}
+	client := h.creds.ClientID
+	first, replayed, err := svc.Create(t.Context(), client, decode(orderBody("known")))
+	if err != nil || replayed || drawn.Load() != 1 {
+		t.Fatalf("first: %v, replayed %v, %d numbers drawn", err, replayed, drawn.Load())
+	}
+	for range 3 {
+		o, replayed, err := svc.Create(t.Context(), client, decode(orderBody("known")))
+		if err != nil || !replayed || o.ID != first.ID {
+			t.Fatalf("replay: %+v, %v, %v", o, replayed, err)
+		}
+	}
+	mismatch := decode(`{"request_id":"known","user_id":42,"items":[{"sku":"SKU-1","quantity":2}],"amount":"1.00","currency":"CNY"}`)
+	if _, _, err := svc.Create(t.Context(), client, mismatch); !errors.Is(err, order.ErrRequestIDReused) {
+		t.Fatalf("another payload: %v", err)
+	}
+	if n := drawn.Load(); n != 1 {
+		t.Fatalf("%d order numbers drawn, want 1: a replay of a known key went through the write", n)
+	}
+	// Committed by another process: written (and found taken), then known.
+	theirs, _, err := other.Create(t.Context(), client, decode(orderBody("theirs")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		o, replayed, err := svc.Create(t.Context(), client, decode(orderBody("theirs")))
+		if err != nil || !replayed || o.ID != theirs.ID {
+			t.Fatalf("replay of another process's order: %+v, %v, %v", o, replayed, err)
+		}
+		if n := drawn.Load(); n != 2 {
+			t.Fatalf("%d order numbers drawn, want 2 (one write finds the key taken, then reads)", n)
+		}
+	}
+	if n := h.count(`SELECT count(*) FROM orders`); n != 2 {
+		t.Fatalf("%d orders, want 2", n)
+	}
+}

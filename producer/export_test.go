@@ -1,6 +1,10 @@
 package producer
 
-import "github.com/google/uuid"
+import (
+	"github.com/google/uuid"
+
+	"orderpipe/shared/orderstore"
+)
 
 // Route is an operation of the API as the router registers it (tests).
 type Route struct {
@@ -26,7 +30,7 @@ func Routes() []Route {
 func (s *Service) Waiters(clientID uuid.UUID, requestID string) int {
 	s.batch.mu.Lock()
 	defer s.batch.mu.Unlock()
-	if l := s.batch.inFlight[reqKey{clientID, requestID}]; l != nil {
+	if l := s.batch.inFlight[orderstore.Key{ClientID: clientID, RequestID: requestID}]; l != nil {
 		return l.waiters
 	}
 	return 0

@@ -15,6 +15,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
+	"orderpipe/shared/postgres"
 )
 
 // acceptedEvent is the event that announces a new order.
@@ -66,6 +67,34 @@ const insertBatchSQL = `
 		RETURNING id, order_id
 	)
 	SELECT ins.order_id, ins.created_at, ins.updated_at, events.id FROM ins JOIN events USING (order_id)`
+
+// Key is an order's idempotency key: its client and request_id.
+type Key struct {
+	ClientID  uuid.UUID
+	RequestID string
+}
+
+// GetByRequestIDs reads in one query the orders of clients[i] and
+// rids[i], for every i; a key without an order is absent from the map.
+func GetByRequestIDs(ctx context.Context, q postgres.DB, clients []uuid.UUID, rids []string) (map[Key]order.Order, error) {
+	rows, err := q.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE (client_id, request_id) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))`, clients, rids)
+	if err != nil {
+		return nil, fmt.Errorf("read orders by request_id: %w", err)
+	}
+	defer rows.Close()
+	stored := make(map[Key]order.Order, len(rids))
+	for rows.Next() {
+		o, err := scanOrder(rows)
+		if err != nil {
+			return nil, err
+		}
+		stored[Key{o.ClientID, o.RequestID}] = o
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read orders by request_id: %w", err)
+	}
+	return stored, nil
+}
 
 // permuted returns a's elements in the order perm names them.
 func permuted[T any](perm []int, a []T) []T {
@@ -183,28 +212,15 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 	if len(missRIDs) == 0 {
 		return res, nil
 	}
-	rows, err = pool.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE (client_id, request_id) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))`, missClients, missRIDs)
+	stored, err := GetByRequestIDs(ctx, pool, missClients, missRIDs)
 	if err != nil {
 		return nil, fmt.Errorf("read the stored orders of repeated requests: %w", err)
-	}
-	stored := map[[2]string]order.Order{}
-	for rows.Next() {
-		o, err := scanOrder(rows)
-		if err != nil {
-			rows.Close()
-			return nil, err
-		}
-		stored[[2]string{o.ClientID.String(), o.RequestID}] = o
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 	for i := range reqs {
 		if inserted[i] {
 			continue
 		}
-		o, ok := stored[[2]string{reqs[i].ClientID.String(), rids[i]}]
+		o, ok := stored[Key{reqs[i].ClientID, rids[i]}]
 		if !ok {
 			res[i].Retry = true // its order number collided
 			res[i].OrderNoCollisions = 1
