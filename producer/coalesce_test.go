@@ -24,7 +24,7 @@ func TestConcurrentDuplicatesShareOneWrite(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var drawn atomic.Int32
 	var once sync.Once
-	svc := producer.NewService(h.env, producer.Options{NewOrderNo: func(at time.Time) string {
+	svc := producer.NewService(h.env, producer.Options{Timeout: time.Minute, NewOrderNo: func(at time.Time) string {
 		drawn.Add(1)
 		once.Do(func() { close(entered); <-release })
 		return order.NewOrderNo(at)
