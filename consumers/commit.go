@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -212,6 +213,9 @@ func (c *committer) dedupe(ctx context.Context, tx pgx.Tx, batch []*commitJob, f
 	for i, j := range batch {
 		msgIDs[i] = j.msg.ID
 	}
+	// In one order, so that two replicas' batches holding the same
+	// messages (redeliveries) wait for each other instead of deadlocking.
+	slices.Sort(msgIDs)
 	rows, err := tx.Query(ctx, `
 		INSERT INTO processed_messages (consumer, message_id) SELECT $1, unnest($2::text[])
 		ON CONFLICT DO NOTHING RETURNING message_id`, c.step, msgIDs)

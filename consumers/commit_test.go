@@ -3,6 +3,9 @@ package consumers_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -173,5 +176,80 @@ func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 	}
 	if rows := dedupeRows(t, db, "gc"); !rows["f1"] || rows["f2"] || !rows["f3"] {
 		t.Errorf("dedupe rows %v; want f1 and f3 only", rows)
+	}
+}
+
+// TestTwoReplicasOfAStepDoNotDeadlockOnDedupeRows: two processes' group
+// commits of one step that hold the same messages (redeliveries to the
+// other replica) in opposite orders both commit, each in one transaction.
+// A trigger slows every dedupe row down, so that the two statements run at
+// once. Unless both insert their rows in one order, each waits on the
+// other's row of a message it also holds: PostgreSQL breaks the cycle after
+// deadlock_timeout and the failed batch is run again message by message
+// (which the step logs).
+func TestTwoReplicasOfAStepDoNotDeadlockOnDedupeRows(t *testing.T) {
+	t.Parallel()
+	db, _ := groupCommitEnv(t)
+	var log testenv.Buffer
+	replica := func() *consumers.Committer {
+		env := testenv.Env(t, db, testenv.NATS(t))
+		env.Logger = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		return consumers.NewCommitter(env, "gc")
+	}
+	a, b := replica(), replica()
+	if _, err := db.Pool.Exec(t.Context(), `
+		CREATE FUNCTION slow_dedupe() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.message_id LIKE 'm%' THEN PERFORM pg_sleep(0.01); END IF; RETURN NEW; END $$;
+		CREATE TRIGGER slow_dedupe BEFORE INSERT ON processed_messages FOR EACH ROW EXECUTE FUNCTION slow_dedupe()`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n+2)
+	for r, c := range []*consumers.Committer{a, b} {
+		started := make(chan struct{})
+		wg.Go(func() {
+			_, _, err := c.Commit(t.Context(), fmt.Sprintf("blocker-%d", r), func(context.Context, pgx.Tx) ([]int64, error) {
+				close(started)
+				<-release
+				return nil, nil
+			})
+			errs <- err
+		})
+		<-started
+		for i := range n {
+			id := fmt.Sprintf("m%02d", i)
+			if r == 1 {
+				id = fmt.Sprintf("m%02d", n-1-i)
+			}
+			wg.Go(func() {
+				_, _, err := c.Commit(t.Context(), id, func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+					_, err := tx.Exec(ctx, `INSERT INTO gc_effects (msg_id, tx) VALUES ($1, txid_current())`, id)
+					return nil, err
+				})
+				errs <- err
+			})
+		}
+		testenv.WaitFor(t, 10*time.Second, "every commit queued behind the blocker", func() bool { return c.Queued() == n })
+	}
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Contains(log.String(), "step batch failed") {
+		t.Fatalf("a batch failed and was run again message by message:\n%s", log.String())
+	}
+	txs := map[int64]int{}
+	eff := effects(t, db)
+	for _, tx := range eff {
+		txs[tx]++
+	}
+	if len(eff) != n || len(txs) != 1 {
+		t.Fatalf("%d effects in transactions %v; want each of the %d messages once, all in one replica's batch", len(eff), txs, n)
 	}
 }
