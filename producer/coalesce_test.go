@@ -29,14 +29,7 @@ func TestConcurrentDuplicatesShareOneWrite(t *testing.T) {
 		once.Do(func() { close(entered); <-release })
 		return order.NewOrderNo(at)
 	}})
-	decode := func(body string) order.CreateRequest {
-		req, err := order.DecodeCreateRequest([]byte(body), order.DecodeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return req
-	}
-	same, other := decode(orderBody("storm")), decode(`{"request_id":"storm","user_id":42,"items":[{"sku":"SKU-1","quantity":2}],"amount":"1.00","currency":"CNY"}`)
+	same, other := decodeRequest(t, orderBody("storm")), decodeRequest(t, `{"request_id":"storm","user_id":42,"items":[{"sku":"SKU-1","quantity":2}],"amount":"1.00","currency":"CNY"}`)
 	client := h.creds.ClientID
 	type answer struct {
 		o        order.Order
@@ -98,25 +91,18 @@ func TestReplayOfAKnownKeyIsARead(t *testing.T) {
 	count := func(at time.Time) string { drawn.Add(1); return order.NewOrderNo(at) }
 	svc := producer.NewService(h.env, producer.Options{NewOrderNo: count})
 	other := producer.NewService(h.env, producer.Options{})
-	decode := func(body string) order.CreateRequest {
-		req, err := order.DecodeCreateRequest([]byte(body), order.DecodeOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return req
-	}
 	client := h.creds.ClientID
-	first, replayed, err := svc.Create(t.Context(), client, decode(orderBody("known")))
+	first, replayed, err := svc.Create(t.Context(), client, decodeRequest(t, orderBody("known")))
 	if err != nil || replayed || drawn.Load() != 1 {
 		t.Fatalf("first: %v, replayed %v, %d numbers drawn", err, replayed, drawn.Load())
 	}
 	for range 3 {
-		o, replayed, err := svc.Create(t.Context(), client, decode(orderBody("known")))
+		o, replayed, err := svc.Create(t.Context(), client, decodeRequest(t, orderBody("known")))
 		if err != nil || !replayed || o.ID != first.ID {
 			t.Fatalf("replay: %+v, %v, %v", o, replayed, err)
 		}
 	}
-	mismatch := decode(`{"request_id":"known","user_id":42,"items":[{"sku":"SKU-1","quantity":2}],"amount":"1.00","currency":"CNY"}`)
+	mismatch := decodeRequest(t, `{"request_id":"known","user_id":42,"items":[{"sku":"SKU-1","quantity":2}],"amount":"1.00","currency":"CNY"}`)
 	if _, _, err := svc.Create(t.Context(), client, mismatch); !errors.Is(err, order.ErrRequestIDReused) {
 		t.Fatalf("another payload: %v", err)
 	}
@@ -124,12 +110,12 @@ func TestReplayOfAKnownKeyIsARead(t *testing.T) {
 		t.Fatalf("%d order numbers drawn, want 1: a replay of a known key went through the write", n)
 	}
 	// Committed by another process: written (and found taken), then known.
-	theirs, _, err := other.Create(t.Context(), client, decode(orderBody("theirs")))
+	theirs, _, err := other.Create(t.Context(), client, decodeRequest(t, orderBody("theirs")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
-		o, replayed, err := svc.Create(t.Context(), client, decode(orderBody("theirs")))
+		o, replayed, err := svc.Create(t.Context(), client, decodeRequest(t, orderBody("theirs")))
 		if err != nil || !replayed || o.ID != theirs.ID {
 			t.Fatalf("replay of another process's order: %+v, %v, %v", o, replayed, err)
 		}
@@ -140,4 +126,14 @@ func TestReplayOfAKnownKeyIsARead(t *testing.T) {
 	if n := h.count(`SELECT count(*) FROM orders`); n != 2 {
 		t.Fatalf("%d orders, want 2", n)
 	}
+}
+
+// decodeRequest is the create request of a valid body.
+func decodeRequest(t *testing.T, body string) order.CreateRequest {
+	t.Helper()
+	req, err := order.DecodeCreateRequest([]byte(body), order.DecodeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
 }
