@@ -105,7 +105,7 @@ func command(run func(ctx context.Context, s Settings, out, progress io.Writer) 
 	return cli.Command{
 		Name:    "bench",
 		Summary: "load-test a running stack: bench intake|replay|e2e|baseline|compare (reads dev.env or --url/--api-key/--database-url)",
-		Usage:   "intake|replay|e2e|baseline|compare [--concurrency 64] [--rate 0] [--duration 15s] [--users 100 --requests 10] [--rounds 4] [--out DIR] [--url U --api-key K --database-url D]",
+		Usage:   "intake|replay|e2e|baseline|compare [--concurrency 64] [--rate 0] [--duration 15s] [--users 100 --requests 10 --burst=false --cold] [--rounds 4] [--out DIR] [--url U --api-key K --database-url D]",
 		Env:     []string{config.EnvDataDir, config.EnvDatabaseURL, config.EnvHTTPAddr, mcp.EnvAPIKey.Name},
 		Setup: func(fs *flag.FlagSet) {
 			f.url = fs.String("url", "", "base URL of the intake (default: from dev.env, else HTTP_ADDR)")
