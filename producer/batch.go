@@ -97,6 +97,7 @@ func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.Crea
 	for {
 		b.mu.Lock()
 		l, waiting := b.inFlight[key]
+		_, known := b.known[key]
 		if waiting {
 			l.waiters++
 		} else {
@@ -105,7 +106,7 @@ func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.Crea
 		}
 		b.mu.Unlock()
 		if !waiting {
-			r, err := b.readOrWrite(ctx, key, req)
+			r, err := b.readOrWrite(ctx, key, known, req)
 			b.mu.Lock()
 			delete(b.inFlight, key)
 			if err == nil {
@@ -137,10 +138,7 @@ func (b *batcher) insert(ctx context.Context, clientID uuid.UUID, req order.Crea
 // readOrWrite answers a request of a key known to be committed from a
 // read of its order (a replay, or ErrRequestIDReused), and writes any
 // other request, or one whose read found nothing.
-func (b *batcher) readOrWrite(ctx context.Context, key orderstore.Key, req order.CreateRequest) (orderstore.Inserted, error) {
-	b.mu.Lock()
-	_, known := b.known[key]
-	b.mu.Unlock()
+func (b *batcher) readOrWrite(ctx context.Context, key orderstore.Key, known bool, req order.CreateRequest) (orderstore.Inserted, error) {
 	if known {
 		j := &readJob{ctx: ctx, key: key, done: make(chan readResult, 1)}
 		b.reads.Add(j)
