@@ -54,7 +54,7 @@ type Settings struct {
 	// answered, by at most Concurrency clients at once (a load below what
 	// the stack can take, to measure its latency there).
 	Rate int `json:"rate,omitempty"`
-	// Users and Requests shape replay: Users × Requests, all at once.
+	// Users and Requests shape replay: Users × Requests calls (see Burst).
 	Users    int `json:"users"`
 	Requests int `json:"requests_per_user"`
 	// Cold makes replay open a new connection for each of its requests
@@ -117,7 +117,7 @@ func command(run func(ctx context.Context, s Settings, out, progress io.Writer) 
 			f.rate = fs.Int("rate", 0, "intake, e2e: orders per second in all, open-loop (0: closed-loop, as fast as the clients are answered)")
 			f.duration = fs.Duration("duration", 15*time.Second, "length of one run (intake, e2e, baseline, and each compare round)")
 			f.users = fs.Int("users", 100, "replay: users, each with its own request_id")
-			f.requests = fs.Int("requests", 10, "replay: requests per user, all sent at once")
+			f.requests = fs.Int("requests", 10, "replay: requests per user")
 			f.burst = fs.Bool("burst", true, "replay: send all users × requests at once (false: the users at once, each its requests one after another)")
 			f.cold = fs.Bool("cold", false, "replay: open the connections inside the measured burst (default: opened by a warm-up burst first)")
 			f.rounds = fs.Int("rounds", 4, "compare: baseline+intake pairs (A B A B …)")

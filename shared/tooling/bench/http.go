@@ -303,18 +303,7 @@ func warmUp(ctx context.Context, c *http.Client, baseURL string, n int) error {
 	for range n {
 		wg.Go(func() {
 			<-start
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/healthz", nil)
-			if err == nil {
-				var resp *http.Response
-				if resp, err = c.Do(req); err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					_ = resp.Body.Close()
-					if resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("GET /healthz: %s", resp.Status)
-					}
-				}
-			}
-			errs <- err
+			errs <- healthz(ctx, c, baseURL)
 		})
 	}
 	close(start)
@@ -324,6 +313,25 @@ func warmUp(ctx context.Context, c *http.Client, baseURL string, n int) error {
 		if err != nil {
 			return fmt.Errorf("open the connections before the burst: %w", err)
 		}
+	}
+	return nil
+}
+
+// healthz sends GET /healthz and reads the answer to its end, so that the
+// connection goes back to the client's pool.
+func healthz(ctx context.Context, c *http.Client, baseURL string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/healthz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /healthz: %s", resp.Status)
 	}
 	return nil
 }
