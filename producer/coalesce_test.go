@@ -1,6 +1,7 @@
 package producer_test
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,58 @@ func TestConcurrentDuplicatesShareOneWrite(t *testing.T) {
 	}
 	if n := drawn.Load(); n != 1 {
 		t.Fatalf("%d order numbers drawn, want 1 (one row written)", n)
+	}
+	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d orders, want 1", n)
+	}
+}
+
+// TestDuplicateOfAFailedRequestWritesItself: a request that waited for
+// one of the same key which then failed (here its client gave up while its
+// write was held) is not answered with that failure: it writes itself and
+// gets the one order, whichever of the two batches committed it (the first
+// request's batch outlives its client).
+func TestDuplicateOfAFailedRequestWritesItself(t *testing.T) {
+	t.Parallel()
+	h := setup(t, roomy)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	svc := producer.NewService(h.env, producer.Options{Timeout: time.Minute, NewOrderNo: func(at time.Time) string {
+		once.Do(func() { close(entered); <-release })
+		return order.NewOrderNo(at)
+	}})
+	client, req := h.creds.ClientID, decodeRequest(t, orderBody("gave-up"))
+	leaderCtx, giveUp := context.WithCancel(t.Context())
+	leaderErr := make(chan error, 1)
+	go func() {
+		_, _, err := svc.Create(leaderCtx, client, req)
+		leaderErr <- err
+	}()
+	<-entered
+	type answer struct {
+		o        order.Order
+		replayed bool
+		err      error
+	}
+	dup := make(chan answer, 1)
+	go func() {
+		o, replayed, err := svc.Create(t.Context(), client, req)
+		dup <- answer{o, replayed, err}
+	}()
+	testenv.WaitFor(t, 10*time.Second, "the duplicate to wait for the first request", func() bool {
+		return svc.Waiters(client, "gave-up") == 1
+	})
+	giveUp()
+	if err := <-leaderErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the first request: %v, want its own cancellation", err)
+	}
+	close(release)
+	a := <-dup
+	if a.err != nil {
+		t.Fatalf("the duplicate: %v, want the order", a.err)
+	}
+	if n := h.count(`SELECT count(*) FROM orders WHERE order_id = $1`, a.o.ID); n != 1 {
+		t.Fatalf("the answered order %s is stored %d times", a.o.ID, n)
 	}
 	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
 		t.Fatalf("%d orders, want 1", n)
