@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"orderpipe/shared/config"
 	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/order"
@@ -105,36 +106,29 @@ type Config struct {
 // NoRedrive as MaxAttempts unwinds a stuck order without re-driving it.
 const NoRedrive = -1
 
+// defaults holds the value that a zero field of Config stands for (the
+// Actor aside: each process names itself, see DefaultActor).
+var defaults = Config{
+	StuckProcessing: DefaultStuckProcessing,
+	StuckReserved:   DefaultStuckReserved,
+	StuckPaid:       DefaultStuckPaid,
+	MaxAttempts:     DefaultMaxAttempts,
+	Interval:        DefaultInterval,
+	BatchSize:       DefaultBatchSize,
+	SweepBatchSize:  DefaultSweepBatchSize,
+	RepublishRounds: DefaultRepublishRounds,
+	DedupeRetention: DefaultDedupeRetention,
+	OutboxMinAge:    DefaultOutboxMinAge,
+	OutboxRetention: DefaultOutboxRetention,
+	TokenRetention:  idemtoken.DefaultRetention,
+	HealMinAge:      DefaultHealMinAge,
+	ConsumerHorizon: DefaultConsumerHorizon,
+	DuplicateWindow: natsjs.DuplicateWindow,
+}
+
 // withDefaults fills in zero fields.
 func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.StuckProcessing, DefaultStuckProcessing)
-	def(&c.StuckReserved, DefaultStuckReserved)
-	def(&c.StuckPaid, DefaultStuckPaid)
-	def(&c.Interval, DefaultInterval)
-	def(&c.DedupeRetention, DefaultDedupeRetention)
-	def(&c.OutboxMinAge, DefaultOutboxMinAge)
-	def(&c.HealMinAge, DefaultHealMinAge)
-	def(&c.TokenRetention, idemtoken.DefaultRetention)
-	def(&c.OutboxRetention, DefaultOutboxRetention)
-	def(&c.ConsumerHorizon, DefaultConsumerHorizon)
-	def(&c.DuplicateWindow, natsjs.DuplicateWindow)
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.SweepBatchSize == 0 {
-		c.SweepBatchSize = DefaultSweepBatchSize
-	}
-	if c.RepublishRounds == 0 {
-		c.RepublishRounds = DefaultRepublishRounds
-	}
+	config.FillZero(&c, defaults)
 	if c.Actor == "" {
 		c.Actor = DefaultActor()
 	}

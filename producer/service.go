@@ -131,24 +131,23 @@ func OptionsFromEnv() (Options, error) {
 	return o, errors.Join(append(errs, err)...)
 }
 
-func (o *Options) defaults() {
-	orDefault(&o.Timeout, DefaultTimeout)
-	orDefault(&o.RateLimit, DefaultRateLimit)
-	orDefault(&o.RateBurst, DefaultRateBurst)
-	orDefault(&o.MaxInFlight, DefaultMaxInFlight)
-	orDefault(&o.MaxStreams, DefaultMaxStreams)
-	orDefault(&o.MaxStreamsPerClient, DefaultMaxStreamsPerClient)
-	orDefault(&o.AuthFailureRate, DefaultAuthFailureRate)
-	orDefault(&o.AuthFailureBurst, DefaultAuthFailureBurst)
-	orDefault(&o.TokenTTL, idemtoken.DefaultTTL)
-	orDefault(&o.InlinePublishTimeout, DefaultInlinePublishTimeout)
+// defaultOptions holds the value that an unset field of Options stands for.
+var defaultOptions = Options{
+	Timeout:              DefaultTimeout,
+	RateLimit:            DefaultRateLimit,
+	RateBurst:            DefaultRateBurst,
+	MaxInFlight:          DefaultMaxInFlight,
+	MaxStreams:           DefaultMaxStreams,
+	MaxStreamsPerClient:  DefaultMaxStreamsPerClient,
+	AuthFailureRate:      DefaultAuthFailureRate,
+	AuthFailureBurst:     DefaultAuthFailureBurst,
+	TokenTTL:             idemtoken.DefaultTTL,
+	InlinePublishTimeout: DefaultInlinePublishTimeout,
 }
 
-// orDefault sets *v to def when *v is not positive (unset).
-func orDefault[T int | float64 | time.Duration](v *T, def T) {
-	if *v <= 0 {
-		*v = def
-	}
+// defaults fills in the fields that are not positive (unset).
+func (o *Options) defaults() {
+	config.FillNotPositive(o, defaultOptions)
 }
 
 // Service is the create and read logic of the intake, without HTTP.

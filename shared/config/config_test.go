@@ -90,3 +90,27 @@ func TestSettings(t *testing.T) {
 		}
 	}
 }
+
+// FillZero replaces only zero fields, FillNotPositive negative numbers too;
+// a zero default leaves a field alone.
+func TestFill(t *testing.T) {
+	t.Parallel()
+	type opts struct {
+		D    time.Duration
+		N    int
+		F    float64
+		S    string
+		Keep int
+	}
+	defaults := opts{D: time.Second, N: 3, F: 0.5, S: "s"}
+	zero := opts{D: 0, N: -1, F: 2, Keep: -7}
+	FillZero(&zero, defaults)
+	if want := (opts{D: time.Second, N: -1, F: 2, S: "s", Keep: -7}); zero != want {
+		t.Errorf("FillZero: %+v, want %+v", zero, want)
+	}
+	neg := opts{D: -time.Second, N: -1, F: -2, S: "x", Keep: -7}
+	FillNotPositive(&neg, defaults)
+	if want := (opts{D: time.Second, N: 3, F: 0.5, S: "x", Keep: -7}); neg != want {
+		t.Errorf("FillNotPositive: %+v, want %+v", neg, want)
+	}
+}
