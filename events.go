@@ -24,39 +24,37 @@ func eventsCommand() cli.Command {
 		Summary: "follow the ORDERS stream's events live with their headers (tail), or print its AsyncAPI document (asyncapi)",
 		Usage:   "tail [--order ORDER_ID] [--subject orders.paid] [--from-seq N | --since 10m] [--json] [--count N] [--stream ORDERS --prefix orders] | asyncapi",
 		Env:     []string{config.EnvNATSURL},
-		Run:     runEvents,
+		Run: cli.Subcommands(
+			cli.Sub{Name: "tail", Run: runTail},
+			cli.Sub{Name: "asyncapi", Run: runAsyncAPI},
+		),
 	}
 }
 
-func runEvents(ctx context.Context, inv cli.Invocation) error {
-	if len(inv.Args) == 0 {
-		return cli.Usagef("want a subcommand: tail or asyncapi")
+// runAsyncAPI is `events asyncapi`.
+func runAsyncAPI(_ context.Context, inv cli.Invocation) error {
+	if len(inv.Args) > 0 {
+		return cli.Usagef("events asyncapi takes no arguments, got %q", inv.Args)
 	}
-	sub, args := inv.Args[0], inv.Args[1:]
-	switch sub {
-	case "asyncapi":
-		if len(args) > 0 {
-			return cli.Usagef("events asyncapi takes no arguments, got %q", args)
-		}
-		_, err := inv.Stdout.Write(orderevent.AsyncAPI())
+	_, err := inv.Stdout.Write(orderevent.AsyncAPI())
+	return err
+}
+
+// runTail is `events tail`.
+func runTail(ctx context.Context, inv cli.Invocation) error {
+	topo, o, err := parseTail(inv.Args, inv.Stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
 		return err
-	case "tail":
-		topo, o, err := parseTail(args, inv.Stdout)
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		nc, js, err := natsjs.Connect(inv.Config.NATSURL, "orderpipe events tail", app.NewLogger(inv.Config, inv.Stderr))
-		if err != nil {
-			return err
-		}
-		defer nc.Close()
-		return orderevent.Tail(ctx, js, topo, o, inv.Stdout, inv.Stderr)
-	default:
-		return cli.Usagef("unknown subcommand %q: want tail or asyncapi", sub)
 	}
+	nc, js, err := natsjs.Connect(inv.Config.NATSURL, "orderpipe events tail", app.NewLogger(inv.Config, inv.Stderr))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	return orderevent.Tail(ctx, js, topo, o, inv.Stdout, inv.Stderr)
 }
 
 // parseTail parses the flags of `events tail`; every mistake is a usage

@@ -72,70 +72,66 @@ func Command() cli.Command {
 		Summary: "list an order's webhook deliveries with their attempts, or resend one (same webhook-id)",
 		Usage:   "list --order ORDER_ID [--json] | resend WEBHOOK_ID",
 		Env:     []string{config.EnvDatabaseURL},
-		Run: func(ctx context.Context, inv cli.Invocation) error {
-			return runCommand(ctx, inv)
-		},
+		Run: cli.Subcommands(
+			cli.Sub{Name: "list", Run: runList},
+			cli.Sub{Name: "resend", Run: runResend},
+		),
 	}
 }
 
-func runCommand(ctx context.Context, inv cli.Invocation) error {
-	if len(inv.Args) == 0 {
-		return cli.Usagef("want a subcommand: list or resend")
+// runList is `webhooks list --order ID [--json]`.
+func runList(ctx context.Context, inv cli.Invocation) error {
+	fs := flag.NewFlagSet("webhooks list", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	order := fs.String("order", "", "order id (UUID)")
+	asJSON := fs.Bool("json", false, "print JSON, one delivery per line")
+	if err := fs.Parse(inv.Args); err != nil {
+		return cli.Usagef("webhooks list: %v", err)
 	}
-	sub, args := inv.Args[0], inv.Args[1:]
-	switch sub {
-	case "list":
-		fs := flag.NewFlagSet("webhooks list", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		order := fs.String("order", "", "order id (UUID)")
-		asJSON := fs.Bool("json", false, "print JSON, one delivery per line")
-		if err := fs.Parse(args); err != nil {
-			return cli.Usagef("webhooks list: %v", err)
-		}
-		if fs.NArg() > 0 {
-			return cli.Usagef("webhooks list: unexpected argument %q", fs.Arg(0))
-		}
-		if *order == "" {
-			return cli.Usagef("webhooks list: --order is required")
-		}
-		id, err := uuid.Parse(*order)
+	if fs.NArg() > 0 {
+		return cli.Usagef("webhooks list: unexpected argument %q", fs.Arg(0))
+	}
+	if *order == "" {
+		return cli.Usagef("webhooks list: --order is required")
+	}
+	id, err := uuid.Parse(*order)
+	if err != nil {
+		return cli.Usagef("webhooks list: --order %q is not a UUID", *order)
+	}
+	return cli.WithPool(ctx, inv, func(q *pgxpool.Pool) error {
+		ds, err := List(ctx, q, id)
 		if err != nil {
-			return cli.Usagef("webhooks list: --order %q is not a UUID", *order)
+			return err
 		}
-		return cli.WithPool(ctx, inv, func(q *pgxpool.Pool) error {
-			ds, err := List(ctx, q, id)
-			if err != nil {
-				return err
-			}
-			if *asJSON {
-				enc := json.NewEncoder(inv.Stdout)
-				for _, d := range ds {
-					if err := enc.Encode(d); err != nil {
-						return err
-					}
+		if *asJSON {
+			enc := json.NewEncoder(inv.Stdout)
+			for _, d := range ds {
+				if err := enc.Encode(d); err != nil {
+					return err
 				}
-				return nil
 			}
-			return printTable(inv.Stdout, ds)
-		})
-	case "resend":
-		if len(args) != 1 {
-			return cli.Usagef("webhooks resend: want exactly one WEBHOOK_ID")
-		}
-		if _, _, err := ParseID(args[0]); err != nil {
-			return cli.Usagef("webhooks resend: %v", err)
-		}
-		return cli.WithPool(ctx, inv, func(q *pgxpool.Pool) error {
-			d, err := Resend(ctx, q, args[0])
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(inv.Stdout, "%s queued again for %s (order %s, seq %d)\n", d.WebhookID, callbackurl.Redact(d.URL), d.OrderID, d.Seq)
 			return nil
-		})
-	default:
-		return cli.Usagef("unknown subcommand %q: want list or resend", sub)
+		}
+		return printTable(inv.Stdout, ds)
+	})
+}
+
+// runResend is `webhooks resend WEBHOOK_ID`.
+func runResend(ctx context.Context, inv cli.Invocation) error {
+	if len(inv.Args) != 1 {
+		return cli.Usagef("webhooks resend: want exactly one WEBHOOK_ID")
 	}
+	if _, _, err := ParseID(inv.Args[0]); err != nil {
+		return cli.Usagef("webhooks resend: %v", err)
+	}
+	return cli.WithPool(ctx, inv, func(q *pgxpool.Pool) error {
+		d, err := Resend(ctx, q, inv.Args[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(inv.Stdout, "%s queued again for %s (order %s, seq %d)\n", d.WebhookID, callbackurl.Redact(d.URL), d.OrderID, d.Seq)
+		return nil
+	})
 }
 
 func printTable(w io.Writer, ds []Delivery) error {

@@ -81,6 +81,40 @@ func WithPool(ctx context.Context, inv Invocation, f func(*pgxpool.Pool) error) 
 	return f(pool)
 }
 
+// Sub is one subcommand of a command, as tail is of `orderpipe events`.
+type Sub struct {
+	// Name is the word after the command's name.
+	Name string
+	// Run runs the subcommand; inv.Args are the arguments after Name.
+	Run func(ctx context.Context, inv Invocation) error
+}
+
+// Subcommands returns the Run of a command made of subs: it runs the one
+// that the first argument names. A missing or unknown subcommand is a
+// UsageError that lists subs in their order.
+func Subcommands(subs ...Sub) func(ctx context.Context, inv Invocation) error {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.Name
+	}
+	want := names[len(names)-1]
+	if len(names) > 1 {
+		want = strings.Join(names[:len(names)-1], ", ") + " or " + want
+	}
+	return func(ctx context.Context, inv Invocation) error {
+		if len(inv.Args) == 0 {
+			return Usagef("want a subcommand: %s", want)
+		}
+		for _, s := range subs {
+			if s.Name == inv.Args[0] {
+				inv.Args = inv.Args[1:]
+				return s.Run(ctx, inv)
+			}
+		}
+		return Usagef("unknown subcommand %q: want %s", inv.Args[0], want)
+	}
+}
+
 // UsageError is returned for a bad command line; main prints the usage.
 type UsageError struct{ Msg string }
 

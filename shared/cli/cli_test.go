@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -138,5 +139,37 @@ func TestIndent(t *testing.T) {
 		if got := cli.Indent(in); got != want {
 			t.Errorf("Indent(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// Subcommands runs the named one with the arguments after its name; a
+// missing or unknown name is a usage error listing the subcommands.
+func TestSubcommands(t *testing.T) {
+	var got []string
+	sub := func(name string) cli.Sub {
+		return cli.Sub{Name: name, Run: func(_ context.Context, inv cli.Invocation) error {
+			got = append([]string{name}, inv.Args...)
+			return nil
+		}}
+	}
+	run := cli.Subcommands(sub("list"), sub("show"), sub("resend"))
+	if err := run(t.Context(), cli.Invocation{Args: []string{"show", "a", "b"}}); err != nil || !slices.Equal(got, []string{"show", "a", "b"}) {
+		t.Fatalf("show a b: ran %q, err %v", got, err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "want a subcommand: list, show or resend"},
+		{[]string{"follow", "x"}, `unknown subcommand "follow": want list, show or resend`},
+	} {
+		err := run(t.Context(), cli.Invocation{Args: c.args})
+		var ue cli.UsageError
+		if !errors.As(err, &ue) || err.Error() != c.want {
+			t.Errorf("%q: err %v, want the usage error %q", c.args, err, c.want)
+		}
+	}
+	if err := cli.Subcommands(sub("tail"), sub("asyncapi"))(t.Context(), cli.Invocation{}); err == nil || err.Error() != "want a subcommand: tail or asyncapi" {
+		t.Errorf("two subcommands: err %v", err)
 	}
 }
