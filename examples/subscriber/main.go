@@ -73,6 +73,22 @@ const (
 	envMaxDeliver  = "SUBSCRIBER_MAX_DELIVER"
 )
 
+// envValue returns the variable name as parse reads it, or def when the
+// variable is unset. A value that parse rejects is added to *errs, saying
+// that it is not want, and def is returned.
+func envValue[T any](getenv func(string) string, errs *[]error, name string, def T, parse func(string) (T, error), want string) T {
+	v := getenv(name)
+	if v == "" {
+		return def
+	}
+	t, err := parse(v)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s=%q: not %s", name, v, want))
+		return def
+	}
+	return t
+}
+
 // parseConfig reads the environment, then the flags, and checks the result.
 // Every error names the flag or variable at fault.
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
@@ -84,28 +100,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	var errs []error
 	num := func(name string, def int) int {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: not a whole number", name, v))
-			return def
-		}
-		return n
+		return envValue(getenv, &errs, name, def, strconv.Atoi, "a whole number")
 	}
 	dur := func(name string, def time.Duration) time.Duration {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: not a duration (e.g. 30s)", name, v))
-			return def
-		}
-		return d
+		return envValue(getenv, &errs, name, def, time.ParseDuration, "a duration (e.g. 30s)")
 	}
 
 	var c config
