@@ -8,14 +8,18 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/orderevent"
 	"orderpipe/shared/tooling/pspserver"
 )
 
@@ -130,4 +134,20 @@ func ClosedPort(t testing.TB) int {
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
 	return port
+}
+
+// Event returns a well-formed event of that name for an order of its own:
+// fresh order and client ids, a random request id in the recommended
+// "ORD…" form, the status the event announces, and now (to the
+// microsecond, as PostgreSQL keeps it) as its time.
+func Event(name orderevent.Name) orderevent.Event {
+	return orderevent.Event{
+		Version:    orderevent.Version,
+		Name:       name,
+		OrderID:    uuid.New(),
+		ClientID:   uuid.New(),
+		RequestID:  "ORD" + strings.ReplaceAll(uuid.NewString(), "-", "")[:20],
+		Status:     name.Status(),
+		OccurredAt: time.Now().UTC().Truncate(time.Microsecond),
+	}
 }
