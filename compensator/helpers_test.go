@@ -270,14 +270,7 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 func dump(t *testing.T, pool *pgxpool.Pool) map[string]string {
 	t.Helper()
 	ctx := t.Context()
-	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	tables := testenv.Column[string](t, pool, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename`)
 	out := map[string]string{}
 	for _, tb := range tables {
 		var digest *string

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -150,4 +151,17 @@ func Event(name orderevent.Name) orderevent.Event {
 		Status:     name.Status(),
 		OccurredAt: time.Now().UTC().Truncate(time.Microsecond),
 	}
+}
+
+// Column returns the one column that the query sql selects, every row,
+// failing the test if the query or a row's scan fails.
+func Column[T any](t testing.TB, pool *pgxpool.Pool, sql string, args ...any) []T {
+	t.Helper()
+	// A failed query's rows return its error, and CollectRows returns it.
+	rows, _ := pool.Query(t.Context(), sql, args...)
+	v, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	if err != nil {
+		t.Fatalf("testenv: %s: %v", sql, err)
+	}
+	return v
 }
