@@ -107,9 +107,7 @@ func TestBrokerDownCostsTimeNotOrders(t *testing.T) { // not parallel: it reads 
 			t.Fatalf("order %s: %s after three acknowledged re-drives, want cancelled", id, w.status(id))
 		}
 	}
-	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 0 {
-		t.Fatalf("%d events left pending", n)
-	}
+	w.wantPendingOutbox(0, "at the end")
 }
 
 // TestRedriveNotAcknowledgedIsNotCounted: the broker answers the pass's
@@ -118,8 +116,7 @@ func TestBrokerDownCostsTimeNotOrders(t *testing.T) { // not parallel: it reads 
 // outbox, no action recorded — and the pass says the broker is unavailable.
 func TestRedriveNotAcknowledgedIsNotCounted(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	id := w.newOrder(spec{status: order.StatusProcessing})
+	w, id := newWorldWithOrder(t, spec{status: order.StatusProcessing})
 	pending := w.int(`SELECT count(*) FROM outbox`)
 	w.relay = &outbox.Relay{Pool: w.db.Pool, JS: w.nats.JS, Logger: testenv.Logger(t), PublishTimeout: time.Second,
 		Topology: orderevent.Topology{Stream: w.nats.Topology.Stream, Prefix: "nowhere" + strings.ReplaceAll(uuid.NewString(), "-", "")}}
@@ -152,8 +149,7 @@ func TestRedriveNotAcknowledgedIsNotCounted(t *testing.T) {
 // the row stays, and the pass reports no outage.
 func TestRedriveLeasedByARelayIsCounted(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	id := w.newOrder(spec{status: order.StatusReserved})
+	w, id := newWorldWithOrder(t, spec{status: order.StatusReserved})
 	w.exec(`CREATE FUNCTION lease_at_once() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN NEW.claimed_until := now() + interval '1 minute'; RETURN NEW; END $$`)
 	w.exec(`CREATE TRIGGER lease_at_once BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION lease_at_once()`)
@@ -179,8 +175,7 @@ func TestRedriveLeasedByARelayIsCounted(t *testing.T) {
 // line is refused.
 func TestForceSkipsTheWindowCheck(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	id := w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})
+	w, id := newWorldWithOrder(t, spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})
 	w.exec(`UPDATE orders SET updated_at = now() - interval '1 hour' WHERE order_id = $1`, id)
 	cfg := config.Config{DatabaseURL: w.db.URL, NATSURL: w.nats.URL, PSPURL: w.pspURL}
 	args := []string{"--once", "--stuck-after", "1m", "--max-attempts", "0"}

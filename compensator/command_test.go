@@ -79,8 +79,7 @@ func TestCommandRefusesWindowsThatDoNotFit(t *testing.T) {
 
 func TestCommandDryRunAndOnce(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	id := w.newOrder(spec{status: order.StatusReserved})
+	w, id := newWorldWithOrder(t, spec{status: order.StatusReserved})
 	w.exec(`UPDATE orders SET updated_at = now() - interval '1 day' WHERE order_id = $1`, id)
 	cfg := config.Config{DatabaseURL: w.db.URL, NATSURL: w.nats.URL, PSPURL: w.pspURL}
 	before := dump(t, w.db.Pool)
@@ -117,8 +116,7 @@ func TestCommandDryRunAndOnce(t *testing.T) {
 
 func TestOrdersInspectAndStats(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	id := w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 2}, payment: "succeeded"})
+	w, id := newWorldWithOrder(t, spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 2}, payment: "succeeded"})
 	w.exec(`INSERT INTO processed_messages (consumer, message_id) VALUES ('inventory', $1)`, id.String()+":accepted")
 	w.exec(`INSERT INTO dead_letters (consumer, message_id, subject, payload, error, attempts, order_id) VALUES ('payment', $1, 's', '\x00', 'provider down', 8, $2)`, id.String()+":reserved", id)
 	w.age(id)

@@ -3,7 +3,6 @@ package compensator_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -64,9 +63,8 @@ func TestConfigRefusesWindowsThatDoNotFit(t *testing.T) {
 
 func TestRedrivePublishesTheCurrentEventWithAFreshMsgID(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
+	w, id := newWorldWithOrder(t, spec{status: order.StatusProcessing})
 	ctx := t.Context()
-	id := w.newOrder(spec{status: order.StatusProcessing})
 	fresh := w.newOrder(spec{status: order.StatusProcessing}) // not past its deadline
 	c := w.comp(w.cfg(3), w.psp)
 
@@ -104,16 +102,13 @@ func TestRedrivePublishesTheCurrentEventWithAFreshMsgID(t *testing.T) {
 	if w.status(id) != order.StatusProcessing || w.status(fresh) != order.StatusProcessing {
 		t.Fatal("a re-drive moved an order")
 	}
-	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 0 {
-		t.Fatalf("%d outbox rows left pending", n)
-	}
+	w.wantPendingOutbox(0, "at the end")
 }
 
 func TestRedriveCountsPerStateAndEndsInAnUnwind(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
+	w, id := newWorldWithOrder(t, spec{status: order.StatusProcessing})
 	ctx := t.Context()
-	id := w.newOrder(spec{status: order.StatusProcessing})
 	c := w.comp(w.cfg(1), w.psp)
 	w.age(id)
 	if res := w.pass(c); res.Redriven != 1 {
@@ -209,9 +204,8 @@ func TestUnwindReleasesStockAndRefundsOnce(t *testing.T) {
 // records the first refund; the provider refunds once.
 func TestRefundCrashBetweenProviderAndRecord(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
+	w, id := newWorldWithOrder(t, spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"})
 	ctx := t.Context()
-	id := w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"})
 	w.age(id)
 	// Unwound while no provider is reachable: the refund stays due, its
 	// key recorded.
@@ -250,8 +244,7 @@ func TestRefundCrashBetweenProviderAndRecord(t *testing.T) {
 // the provider is back the key is voided, never charged.
 func TestProviderDownDuringUnwind(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	id := w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}, payment: "pending"})
+	w, id := newWorldWithOrder(t, spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}, payment: "pending"})
 	down := psp.NewClient("http://127.0.0.1:1", time.Second)
 	w.age(id)
 	res, err := w.comp(w.cfg(compensator.NoRedrive), down).RunOnce(t.Context())
@@ -288,10 +281,7 @@ func TestProviderDownDuringUnwind(t *testing.T) {
 // exactly once.
 func TestKilledMidPassThenRunAgain(t *testing.T) {
 	w := newWorld(t)
-	var ids []uuid.UUID
-	for range 7 {
-		ids = append(ids, w.newOrder(spec{status: order.StatusProcessing}))
-	}
+	ids := w.newOrders(7, spec{status: order.StatusProcessing})
 	w.age(ids...)
 	cfg := w.cfg(3)
 	cfg.BatchSize = 3
@@ -315,9 +305,7 @@ func TestKilledMidPassThenRunAgain(t *testing.T) {
 	if !errors.Is(err, failpoint.ErrInjected) || res.Redriven != 3 {
 		t.Fatalf("second pass: %+v %v", res, err)
 	}
-	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 3 {
-		t.Fatalf("%d events pending after the second crash, want 3", n)
-	}
+	w.wantPendingOutbox(3, "after the second crash")
 	res = w.pass(c)
 	if res.Redriven != 1 || res.Republished != 3 {
 		t.Fatalf("third pass: %+v", res)
@@ -330,9 +318,7 @@ func TestKilledMidPassThenRunAgain(t *testing.T) {
 			t.Fatalf("order %s attempts %d", id, n)
 		}
 	}
-	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 0 {
-		t.Fatalf("%d events left unpublished", n)
-	}
+	w.wantPendingOutbox(0, "after the run again")
 	testenv.WaitFor(t, 5*time.Second, "every re-drive in the stream", func() bool {
 		for _, id := range ids {
 			if !slices.Contains(w.msgIDs(id), id.String()+":accepted:r1") {
@@ -474,17 +460,13 @@ func TestTwoCompensatorsAndARacingConsumer(t *testing.T) {
 	if avail := w.int(`SELECT available FROM inventory WHERE sku = 'SKU-1'`); avail != 100-len(confirmed) {
 		t.Errorf("available %d, want %d", avail, 100-len(confirmed))
 	}
-	_ = fmt.Sprint()
 }
 
 func TestTwoCompensatorsRedriveOncePerDeadline(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	ctx := t.Context()
-	var ids []uuid.UUID
-	for range 20 {
-		ids = append(ids, w.newOrder(spec{status: order.StatusReserved}))
-	}
+	ids := w.newOrders(20, spec{status: order.StatusReserved})
 	w.age(ids...)
 	cfg := w.cfg(3)
 	cfg.BatchSize = 3
@@ -509,8 +491,7 @@ func TestTwoCompensatorsRedriveOncePerDeadline(t *testing.T) {
 
 func TestDaemonPassesAtOnceAndStops(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	id := w.newOrder(spec{status: order.StatusPaid})
+	w, id := newWorldWithOrder(t, spec{status: order.StatusPaid})
 	w.age(id)
 	c := w.comp(w.cfg(3), w.psp)
 	ctx, cancel := context.WithCancel(t.Context())

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/uuid"
-
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
 	"orderpipe/shared/tooling/testenv"
@@ -45,10 +43,7 @@ func TestProcessKilledMidPassThenRunAgain(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	nats := testenv.OwnNATS(t) // the real process publishes on the production topology
-	var ids []uuid.UUID
-	for range 7 {
-		ids = append(ids, w.newOrder(spec{status: order.StatusReserved}))
-	}
+	ids := w.newOrders(7, spec{status: order.StatusReserved})
 	w.exec(`UPDATE orders SET updated_at = now() - interval '2 hours'`)
 	args := []string{"--once", "--stuck-after", "1h", "--batch-size", "2"}
 
@@ -67,9 +62,7 @@ func TestProcessKilledMidPassThenRunAgain(t *testing.T) {
 	if n := w.int(`SELECT count(*) FROM compensator_actions`); n != 4 {
 		t.Fatalf("actions after the second crash: %d", n)
 	}
-	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 2 {
-		t.Fatalf("pending events after the second crash: %d", n)
-	}
+	w.wantPendingOutbox(2, "after the second crash")
 	// Left for a while, then run again: the rest is done, and the events
 	// of the crashed batch go out.
 	w.exec(`UPDATE outbox SET created_at = now() - interval '1 minute' WHERE published_at IS NULL`)
@@ -86,9 +79,7 @@ func TestProcessKilledMidPassThenRunAgain(t *testing.T) {
 			t.Errorf("order %s acted on %d times", id, n)
 		}
 	}
-	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != 0 {
-		t.Fatalf("%d events left pending", n)
-	}
+	w.wantPendingOutbox(0, "at the end")
 	// A fourth run finds nothing to do.
 	if code, out := w.child(nats.URL(), "", args...); code != 0 || !strings.HasPrefix(out, "pass: stuck processing=0 reserved=0 paid=0; redriven 0") {
 		t.Fatalf("fourth run: %d %s", code, out)

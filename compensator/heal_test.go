@@ -76,8 +76,7 @@ func TestHealAStreamCreatedAfterTheEvents(t *testing.T) {
 // healed; the one whose event is still there is not.
 func TestHealEventsGoneFromTheStream(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t)
-	purged := w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})
+	w, purged := newWorldWithOrder(t, spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})
 	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
 	if err != nil {
 		t.Fatal(err)

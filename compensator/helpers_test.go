@@ -51,6 +51,14 @@ func newWorld(t *testing.T) *world {
 	return w
 }
 
+// newWorldWithOrder is newWorld with one order of s in it (see newOrder):
+// the set-up of the tests of one order.
+func newWorldWithOrder(t *testing.T, s spec) (*world, uuid.UUID) {
+	t.Helper()
+	w := newWorld(t)
+	return w, w.newOrder(s)
+}
+
 func (w *world) exec(sql string, args ...any) {
 	w.t.Helper()
 	if _, err := w.db.Pool.Exec(w.t.Context(), sql, args...); err != nil {
@@ -66,6 +74,15 @@ func scalar[T any](w *world, sql string, args ...any) T {
 		w.t.Fatalf("%s: %v", sql, err)
 	}
 	return v
+}
+
+// wantPendingOutbox fails the test unless want outbox rows are left
+// unpublished; when says at which point of the test.
+func (w *world) wantPendingOutbox(want int, when string) {
+	w.t.Helper()
+	if n := w.int(`SELECT count(*) FROM outbox WHERE published_at IS NULL`); n != want {
+		w.t.Fatalf("%s: %d outbox rows pending, want %d", when, n, want)
+	}
 }
 
 func (w *world) int(sql string, args ...any) int {
@@ -97,10 +114,7 @@ func (w *world) checkVoided(id uuid.UUID) {
 // two compensators (no re-drive) that take batch orders a pass, to race.
 func (w *world) stuckPaid(n, batch int) ([]uuid.UUID, *compensator.Compensator, *compensator.Compensator) {
 	w.t.Helper()
-	var ids []uuid.UUID
-	for range n {
-		ids = append(ids, w.newOrder(spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"}))
-	}
+	ids := w.newOrders(n, spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"})
 	w.age(ids...)
 	cfg := w.cfg(compensator.NoRedrive)
 	cfg.BatchSize = batch
@@ -213,6 +227,16 @@ func (w *world) newOrder(s spec) uuid.UUID {
 	return id
 }
 
+// newOrders creates n orders of s (see newOrder) and returns their ids.
+func (w *world) newOrders(n int, s spec) []uuid.UUID {
+	w.t.Helper()
+	var ids []uuid.UUID
+	for range n {
+		ids = append(ids, w.newOrder(s))
+	}
+	return ids
+}
+
 // age makes an order look idle for two minutes (past the one-minute
 // deadlines of cfg).
 func (w *world) age(ids ...uuid.UUID) {
@@ -270,14 +294,7 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 func dump(t *testing.T, pool *pgxpool.Pool) map[string]string {
 	t.Helper()
 	ctx := t.Context()
-	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
+	tables := testenv.Column[string](t, pool, `SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename`)
 	out := map[string]string{}
 	for _, tb := range tables {
 		var digest *string

@@ -83,16 +83,8 @@ func effects(t *testing.T, db *testenv.Database) map[string]int64 {
 
 func dedupeRows(t *testing.T, db *testenv.Database, consumer string) map[string]bool {
 	t.Helper()
-	rows, err := db.Pool.Query(t.Context(), `SELECT message_id FROM processed_messages WHERE consumer = $1`, consumer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]bool{}
-	for _, id := range ids {
+	for _, id := range testenv.Column[string](t, db.Pool, `SELECT message_id FROM processed_messages WHERE consumer = $1`, consumer) {
 		out[id] = true
 	}
 	return out

@@ -146,14 +146,7 @@ func TestPoisonOrderLeftThenReplayed(t *testing.T) {
 	if err != nil || got.Replays != 2 || got.ReplayedAt == nil {
 		t.Fatalf("after two replays: %+v, %v", got, err)
 	}
-	testenv.WaitFor(t, 30*time.Second, "the second replay consumed", func() bool {
-		c, err := e.NATS.JS.Consumer(t.Context(), e.App.Topology.Stream, "inventory")
-		if err != nil {
-			return false
-		}
-		ci, err := c.Info(t.Context())
-		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
-	})
+	waitConsumed(t, e, "inventory", "the second replay consumed")
 	e.CheckInvariants(t)
 	// The replays match the published contract (Nats-Msg-Id
 	// <id>:dlq<letter>.<n>, Orderpipe-Replay-Of).

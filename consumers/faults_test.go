@@ -44,6 +44,20 @@ func createOrders(t *testing.T, e *pipetest.Env, n int, amount string) {
 	}
 }
 
+// waitConsumed waits until the durable consumer of e's stream has nothing
+// pending and nothing delivered but unacknowledged.
+func waitConsumed(t *testing.T, e *pipetest.Env, durable, what string) {
+	t.Helper()
+	testenv.WaitFor(t, 30*time.Second, what, func() bool {
+		c, err := e.NATS.JS.Consumer(t.Context(), e.App.Topology.Stream, durable)
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(t.Context())
+		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+}
+
 // onOwnNATS is a stocked pipeline environment on a NATS server of the
 // test's own (for tests that stop it or run `orderpipe consumers` on it).
 func onOwnNATS(t *testing.T) (*testenv.NATSServer, *pipetest.Env) {
@@ -134,14 +148,7 @@ func TestDuplicatesInjected(t *testing.T) {
 	if _, err := pipetest.Start(t, e.App, pipetest.Config(), e.Steps(5*time.Second)...).P.Relay().PublishPending(t.Context(), 0); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, 30*time.Second, "the copies to be consumed", func() bool {
-		info, err := e.NATS.JS.Consumer(t.Context(), e.App.Topology.Stream, "confirm")
-		if err != nil {
-			return false
-		}
-		ci, err := info.Info(t.Context())
-		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
-	})
+	waitConsumed(t, e, "confirm", "the copies to be consumed")
 	if copies.Load() < 60 {
 		t.Fatalf("only %d copies injected", copies.Load())
 	}

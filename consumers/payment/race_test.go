@@ -56,16 +56,22 @@ func relayOf(e *pipetest.Env) *outbox.Relay {
 	return &outbox.Relay{Pool: e.DB.Pool, JS: e.App.JS, Topology: e.App.Topology, Logger: e.App.Logger}
 }
 
-// precharge makes the provider's answer for each order's charge key final
-// before the payment step runs, so that every delivery that charges gets
-// the same succeeded answer at once (the interleaving the race needs).
-func precharge(t *testing.T, e *pipetest.Env, client *psp.Client, ids []uuid.UUID) {
+// prechargedOrders is the set-up of a race between two deliveries that
+// charge: a pipeline on a default provider and n reserved orders (see
+// reservedOrders), with the provider's answer for each order's charge key
+// made final before the payment step runs, so that every delivery that
+// charges gets the same succeeded answer at once (the interleaving the
+// race needs).
+func prechargedOrders(t *testing.T, n int) (e *pipetest.Env, client *psp.Client, ids []uuid.UUID, reserved []int64) {
 	t.Helper()
+	e, client = setup(t, pspserver.Options{})
+	ids, reserved = reservedOrders(t, e, n)
 	for _, id := range ids {
 		if _, err := client.Charge(t.Context(), payments.ChargeKey(id), "5.00", "CNY", id.String()); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return e, client, ids, reserved
 }
 
 // publishEvent writes e to the outbox and publishes it at once, as the
@@ -131,9 +137,7 @@ func checkNoRefund(t *testing.T, e *pipetest.Env, ids []uuid.UUID) {
 // this test, most such orders ended confirmed with their charge refunded.
 func TestRedriveRacesOriginal(t *testing.T) {
 	t.Parallel()
-	e, client := setup(t, pspserver.Options{})
-	ids, reserved := reservedOrders(t, e, 30)
-	precharge(t, e, client, ids)
+	e, client, ids, reserved := prechargedOrders(t, 30)
 	for i, id := range ids {
 		publishOutbox(t, e, reserved[i])
 		publishEvent(t, e, reservedEvent(e, id, 1))
@@ -166,9 +170,7 @@ func TestRedeliveryWhileSlowHandlerHolds(t *testing.T) {
 // order must still end confirmed with no refund.
 func TestDeadLetterReplayRacesRedrive(t *testing.T) {
 	t.Parallel()
-	e, client := setup(t, pspserver.Options{})
-	ids, _ := reservedOrders(t, e, 20)
-	precharge(t, e, client, ids)
+	e, client, ids, _ := prechargedOrders(t, 20)
 	for _, id := range ids {
 		ev := reservedEvent(e, id, 0)
 		payload, err := orderevent.Encode(ev)

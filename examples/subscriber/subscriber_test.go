@@ -128,18 +128,6 @@ func (c *child) wait(t *testing.T, timeout time.Duration) syscall.WaitStatus {
 	return c.cmd.ProcessState.Sys().(syscall.WaitStatus)
 }
 
-func confirmedEvent() orderevent.Event {
-	return orderevent.Event{
-		Version:    orderevent.Version,
-		Name:       orderevent.Confirmed,
-		OrderID:    uuid.New(),
-		ClientID:   uuid.New(),
-		RequestID:  "ORD" + strings.ReplaceAll(uuid.NewString(), "-", "")[:20],
-		Status:     orderevent.Confirmed.Status(),
-		OccurredAt: time.Now().UTC().Truncate(time.Microsecond),
-	}
-}
-
 // publish sends ev as orderpipe's relay does: its subject, its headers.
 func publish(t *testing.T, n *testenv.NATSEnv, ev orderevent.Event) *jetstream.PubAck {
 	t.Helper()
@@ -252,11 +240,11 @@ func TestEachConfirmedEventOnce(t *testing.T) {
 	var evs []orderevent.Event
 	var ids []uuid.UUID
 	for range 5 {
-		ev := confirmedEvent()
+		ev := testenv.Event(orderevent.Confirmed)
 		evs, ids = append(evs, ev), append(ids, ev.OrderID)
 		publish(t, n, ev)
 	}
-	other := confirmedEvent()
+	other := testenv.Event(orderevent.Confirmed)
 	other.Name, other.Status = orderevent.Accepted, orderevent.Accepted.Status()
 	publish(t, n, other) // orders.accepted: not this subscriber's
 
@@ -297,7 +285,7 @@ func TestKilledMidBatchNoDoubleEffect(t *testing.T) {
 	const total, batch, parkAt = 25, 10, 13
 	var ids []uuid.UUID
 	for range total {
-		ev := confirmedEvent()
+		ev := testenv.Event(orderevent.Confirmed)
 		ids = append(ids, ev.OrderID)
 		publish(t, n, ev)
 	}
@@ -373,11 +361,11 @@ func TestMalformedMessagesAreTerminated(t *testing.T) {
 		}
 		return m
 	}
-	good := confirmedEvent()
-	wrongEvent := confirmedEvent()
+	good := testenv.Event(orderevent.Confirmed)
+	wrongEvent := testenv.Event(orderevent.Confirmed)
 	wrongEvent.Name, wrongEvent.Status = orderevent.Paid, orderevent.Paid.Status()
 	wrongData, _ := orderevent.Encode(wrongEvent)
-	noHeaderData, _ := orderevent.Encode(confirmedEvent())
+	noHeaderData, _ := orderevent.Encode(testenv.Event(orderevent.Confirmed))
 	future := strings.Replace(string(noHeaderData), `"version":1`, `"version":2`, 1)
 	bad := []*nats.Msg{
 		raw("bad-json", []byte("{not json")),
@@ -418,7 +406,7 @@ func TestApplyIsOneTransaction(t *testing.T) {
 		t.Fatalf("second createSchema: %v", err)
 	}
 	s := &subscriber{pool: db.Pool}
-	ev := confirmedEvent()
+	ev := testenv.Event(orderevent.Confirmed)
 
 	if _, err := db.Pool.Exec(ctx, `ALTER TABLE shipments RENAME TO shipments_away`); err != nil {
 		t.Fatal(err)
@@ -443,12 +431,12 @@ func TestApplyIsOneTransaction(t *testing.T) {
 
 func TestDecode(t *testing.T) {
 	t.Parallel()
-	good := confirmedEvent()
+	good := testenv.Event(orderevent.Confirmed)
 	goodData, _ := orderevent.Encode(good)
 	if ev, err := decode(good.MsgID(), goodData); err != nil || ev.OrderID != good.OrderID {
 		t.Fatalf("decode a good event: %v, %v", ev, err)
 	}
-	rejected := confirmedEvent()
+	rejected := testenv.Event(orderevent.Confirmed)
 	rejected.Name, rejected.Status = orderevent.Rejected, orderevent.Rejected.Status()
 	rejectedData, _ := orderevent.Encode(rejected)
 	for _, tc := range []struct {

@@ -8,7 +8,6 @@ import (
 
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
-	"orderpipe/shared/tooling/testenv"
 )
 
 // TestInsertBatch: one transaction for many requests. New requests get new
@@ -17,10 +16,7 @@ import (
 // ErrRequestIDReused with another payload); one stored before is replayed;
 // a colliding order number asks for a retry.
 func TestInsertBatch(t *testing.T) {
-	t.Parallel()
-	db := testenv.DB(t)
-	ctx := t.Context()
-	client := newClient(t, db.Pool)
+	ctx, db, client := newTest(t)
 	if _, err := orderstore.Insert(ctx, db.Pool, client, request(t, "old", `"39.98"`), orderstore.InsertOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +70,7 @@ func TestInsertBatch(t *testing.T) {
 // the keys in one order, PostgreSQL finds a deadlock after its
 // deadlock_timeout (a second) and fails a batch.
 func TestConcurrentBatchesOfTheSameRequestsDoNotDeadlock(t *testing.T) {
-	t.Parallel()
-	db := testenv.DB(t)
-	ctx := t.Context()
-	client := newClient(t, db.Pool)
+	ctx, db, client := newTest(t)
 	const users = 200
 	for round := range 3 {
 		var forward, backward []orderstore.NewOrder

@@ -1,6 +1,7 @@
 package orderstore_test
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -24,6 +25,16 @@ func newClient(t testing.TB, pool *pgxpool.Pool) uuid.UUID {
 	return c.ClientID
 }
 
+// newTest is the set-up of the tests of one client's orders: it marks t
+// parallel and returns t's context and a database of t's own with one
+// client in it.
+func newTest(t *testing.T) (context.Context, *testenv.Database, uuid.UUID) {
+	t.Helper()
+	t.Parallel()
+	db := testenv.DB(t)
+	return t.Context(), db, newClient(t, db.Pool)
+}
+
 func request(t testing.TB, rid, amount string) order.CreateRequest {
 	t.Helper()
 	req, err := order.DecodeCreateRequest([]byte(`{"request_id":"`+rid+`","user_id":7,"items":[{"sku":"SKU-1","quantity":2},{"sku":"SKU-2","quantity":1}],"amount":`+amount+`,"currency":"CNY"}`), order.DecodeOptions{})
@@ -43,10 +54,7 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 }
 
 func TestInsertReplayMismatch(t *testing.T) {
-	t.Parallel()
-	db := testenv.DB(t)
-	ctx := t.Context()
-	client := newClient(t, db.Pool)
+	ctx, db, client := newTest(t)
 
 	first, err := orderstore.Insert(ctx, db.Pool, client, request(t, "r-1", `"39.98"`), orderstore.InsertOptions{})
 	if err != nil || first.Replayed || first.OutboxID == 0 {
@@ -99,10 +107,7 @@ func TestInsertReplayMismatch(t *testing.T) {
 }
 
 func TestOrderNoCollisionIsRetried(t *testing.T) {
-	t.Parallel()
-	db := testenv.DB(t)
-	ctx := t.Context()
-	client := newClient(t, db.Pool)
+	ctx, db, client := newTest(t)
 	taken, err := orderstore.Insert(ctx, db.Pool, client, request(t, "a", `1`), orderstore.InsertOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -131,10 +136,7 @@ func TestOrderNoCollisionIsRetried(t *testing.T) {
 }
 
 func TestConcurrentInsertsOfOneKey(t *testing.T) {
-	t.Parallel()
-	db := testenv.DB(t)
-	ctx := t.Context()
-	client := newClient(t, db.Pool)
+	ctx, db, client := newTest(t)
 	const n = 30
 	var wg sync.WaitGroup
 	results := make([]orderstore.Inserted, n)

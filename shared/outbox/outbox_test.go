@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/shared/natsjs"
-	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/tooling/testenv"
@@ -22,21 +21,11 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func event() orderevent.Event {
-	return orderevent.Event{
-		Version:    orderevent.Version,
-		Name:       orderevent.Accepted,
-		OrderID:    uuid.New(),
-		ClientID:   uuid.New(),
-		RequestID:  order.NewRequestID(time.Now()),
-		Status:     order.StatusProcessing,
-		OccurredAt: time.Now().UTC().Truncate(time.Microsecond),
-	}
-}
-
-// enqueue writes e in a committed transaction of its own.
-func enqueue(t *testing.T, pool *pgxpool.Pool, e orderevent.Event) int64 {
+// enqueue writes a new accepted event in a committed transaction of its
+// own, and returns it and its outbox row id.
+func enqueue(t *testing.T, pool *pgxpool.Pool) (orderevent.Event, int64) {
 	t.Helper()
+	e := testenv.Event(orderevent.Accepted)
 	var id int64
 	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
 		var err error
@@ -46,7 +35,7 @@ func enqueue(t *testing.T, pool *pgxpool.Pool, e orderevent.Event) int64 {
 	if err != nil {
 		t.Fatalf("enqueue: %v", err)
 	}
-	return id
+	return e, id
 }
 
 type outboxRow struct {
@@ -67,13 +56,16 @@ func rowOf(t *testing.T, pool *pgxpool.Pool, id int64) outboxRow {
 	return r
 }
 
-func pending(t *testing.T, pool *pgxpool.Pool) int {
+// wantPending fails the test unless the outbox holds want pending rows.
+func wantPending(t *testing.T, pool *pgxpool.Pool, want int) {
 	t.Helper()
 	n, err := outbox.Pending(t.Context(), pool)
 	if err != nil {
 		t.Fatalf("pending: %v", err)
 	}
-	return n
+	if n != want {
+		t.Fatalf("pending = %d, want %d", n, want)
+	}
 }
 
 // msgIDs counts the stream's messages per Nats-Msg-Id.
@@ -100,9 +92,11 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	return info.State.Msgs
 }
 
-// newRelay is a relay on the test's database and stream.
-func newRelay(t *testing.T, db *testenv.Database, env *testenv.NATSEnv) *outbox.Relay {
-	return &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+// newRelay is a database and a stream of the test's own, and a relay on
+// them.
+func newRelay(t *testing.T) (*testenv.Database, *testenv.NATSEnv, *outbox.Relay) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	return db, env, &outbox.Relay{Pool: db.Pool, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
 }
 
 func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
@@ -113,18 +107,15 @@ func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Enqueue(ctx, tx, event()); err != nil {
+	if _, err := outbox.Enqueue(ctx, tx, testenv.Event(orderevent.Accepted)); err != nil {
 		t.Fatalf("enqueue: %v", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := pending(t, db.Pool); n != 0 {
-		t.Fatalf("after a rollback: %d pending rows, want 0", n)
-	}
+	wantPending(t, db.Pool, 0)
 
-	e := event()
-	id := enqueue(t, db.Pool, e)
+	e, id := enqueue(t, db.Pool)
 	var msgID, name, hdrOrder string
 	var orderID uuid.UUID
 	var published bool
@@ -138,14 +129,12 @@ func TestEnqueueWritesInTheCallersTransaction(t *testing.T) {
 		t.Fatalf("row = (%s, %s, %s, %s, published %v), want (%s, %s, %s, %s, pending)",
 			msgID, name, orderID, hdrOrder, published, e.MsgID(), e.Name, e.OrderID, e.OrderID)
 	}
-	if n := pending(t, db.Pool); n != 1 {
-		t.Fatalf("pending = %d, want 1", n)
-	}
+	wantPending(t, db.Pool, 1)
 }
 
 func TestEnqueueRefusesAMalformedEvent(t *testing.T) {
 	db := testenv.DB(t)
-	e := event()
+	e := testenv.Event(orderevent.Accepted)
 	e.ClientID = uuid.Nil
 	err := pgx.BeginFunc(t.Context(), db.Pool, func(tx pgx.Tx) error {
 		_, err := outbox.Enqueue(t.Context(), tx, e)
@@ -154,16 +143,12 @@ func TestEnqueueRefusesAMalformedEvent(t *testing.T) {
 	if !errors.Is(err, orderevent.ErrMalformed) {
 		t.Fatalf("enqueue of an event without client id: %v, want ErrMalformed", err)
 	}
-	if n := pending(t, db.Pool); n != 0 {
-		t.Fatalf("pending = %d, want 0", n)
-	}
+	wantPending(t, db.Pool, 0)
 }
 
 func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
-	db, env := testenv.DB(t), testenv.NATS(t)
-	r := newRelay(t, db, env)
-	e := event()
-	id := enqueue(t, db.Pool, e)
+	db, env, r := newRelay(t)
+	e, id := enqueue(t, db.Pool)
 
 	if err := r.Publish(t.Context(), id); err != nil {
 		t.Fatalf("publish: %v", err)
@@ -206,9 +191,7 @@ func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
 	if n := streamMsgs(t, env.JS, env.Topology.Stream); n != 1 {
 		t.Fatalf("stream holds %d messages, want 1", n)
 	}
-	if n := pending(t, db.Pool); n != 0 {
-		t.Fatalf("pending = %d, want 0", n)
-	}
+	wantPending(t, db.Pool, 0)
 }
 
 // PublishIDs publishes without claiming or stamping: the row stays pending
@@ -216,11 +199,9 @@ func TestPublishStampsTheRowWithTheStreamSequence(t *testing.T) {
 // dies between the two (its messages already settled) leaves the row to the
 // relay, whose publish has the same Nats-Msg-Id and is dropped by the broker.
 func TestPublishIDsThenStamp(t *testing.T) {
-	db, env := testenv.DB(t), testenv.NATS(t)
-	r := newRelay(t, db, env)
-	e := event()
-	id := enqueue(t, db.Pool, e)
-	claimed := enqueue(t, db.Pool, event())
+	db, env, r := newRelay(t)
+	e, id := enqueue(t, db.Pool)
+	_, claimed := enqueue(t, db.Pool)
 	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET claimed_until = now() + interval '1 hour' WHERE id = $1`, claimed); err != nil {
 		t.Fatal(err)
 	}
@@ -263,19 +244,17 @@ func TestPublishIDsThenStamp(t *testing.T) {
 }
 
 func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
-	db, env := testenv.DB(t), testenv.NATS(t)
-	r := newRelay(t, db, env)
+	db, env, r := newRelay(t)
 	r.Batch = 2
 	var ids []int64
 	for range 3 {
-		ids = append(ids, enqueue(t, db.Pool, event()))
+		_, id := enqueue(t, db.Pool)
+		ids = append(ids, id)
 	}
 	if n, err := r.PublishPending(t.Context(), time.Hour); err != nil || n != 0 {
 		t.Fatalf("pass with minAge 1h: %d, %v; want 0, nil", n, err)
 	}
-	if n := pending(t, db.Pool); n != 3 {
-		t.Fatalf("pending = %d, want 3", n)
-	}
+	wantPending(t, db.Pool, 3)
 	// Rows are young: make the first two an hour old.
 	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET created_at = now() - interval '1 hour' WHERE id = ANY($1)`, ids[:2]); err != nil {
 		t.Fatal(err)
@@ -298,11 +277,10 @@ func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
 }
 
 func TestPublishPendingBatchLimit(t *testing.T) {
-	db, env := testenv.DB(t), testenv.NATS(t)
-	r := newRelay(t, db, env)
+	db, _, r := newRelay(t)
 	r.Batch = 2
 	for range 5 {
-		enqueue(t, db.Pool, event())
+		enqueue(t, db.Pool)
 	}
 	for i, want := range []int{2, 2, 1, 0} {
 		if n, err := r.PublishPending(t.Context(), 0); err != nil || n != want {
@@ -312,9 +290,8 @@ func TestPublishPendingBatchLimit(t *testing.T) {
 }
 
 func TestAClaimedRowIsLeftToItsRelay(t *testing.T) {
-	db, env := testenv.DB(t), testenv.NATS(t)
-	r := newRelay(t, db, env)
-	id := enqueue(t, db.Pool, event())
+	db, _, r := newRelay(t)
+	_, id := enqueue(t, db.Pool)
 	// Another relay holds the row's lease.
 	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET claimed_until = now() + interval '1 hour' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
@@ -341,10 +318,8 @@ func TestAClaimedRowIsLeftToItsRelay(t *testing.T) {
 // pending; the next publish has the same Nats-Msg-Id, inside the duplicate
 // window, and the broker drops it.
 func TestARepublishInsideTheDuplicateWindowIsDropped(t *testing.T) {
-	db, env := testenv.DB(t), testenv.NATS(t)
-	r := newRelay(t, db, env)
-	e := event()
-	id := enqueue(t, db.Pool, e)
+	db, env, r := newRelay(t)
+	e, id := enqueue(t, db.Pool)
 	if err := r.Publish(t.Context(), id); err != nil {
 		t.Fatal(err)
 	}
@@ -372,8 +347,7 @@ func TestRowsStayPendingWhileTheBrokerIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &outbox.Relay{Pool: db.Pool, JS: js, Topology: top, Logger: testenv.Logger(t), PublishTimeout: 300 * time.Millisecond}
-	e := event()
-	id := enqueue(t, db.Pool, e)
+	e, id := enqueue(t, db.Pool)
 
 	srv.Stop()
 	testenv.WaitFor(t, 10*time.Second, "the client to notice the outage", func() bool { return !nc.IsConnected() })
@@ -387,9 +361,7 @@ func TestRowsStayPendingWhileTheBrokerIsDown(t *testing.T) {
 	if got := rowOf(t, db.Pool, id); got.published || got.claimed {
 		t.Fatalf("row after a failed pass: %+v, want pending and unclaimed (given back)", got)
 	}
-	if n := pending(t, db.Pool); n != 1 {
-		t.Fatalf("pending = %d, want 1", n)
-	}
+	wantPending(t, db.Pool, 1)
 
 	srv.Start()
 	testenv.WaitFor(t, 15*time.Second, "the client to reconnect", nc.IsConnected)
@@ -422,7 +394,7 @@ func TestAMissingStreamIsProvisionedAgain(t *testing.T) {
 	if err := env.JS.DeleteStream(t.Context(), env.Topology.Stream); err != nil {
 		t.Fatal(err)
 	}
-	id := enqueue(t, db.Pool, event())
+	_, id := enqueue(t, db.Pool)
 	if n, err := r.PublishPending(t.Context(), 0); err == nil || n != 0 {
 		t.Fatalf("pass with the stream missing: %d, %v; want 0 and an error", n, err)
 	}
@@ -444,9 +416,8 @@ func TestRacingRelaysPublishEachRowOnce(t *testing.T) {
 	const rows = 300
 	want := map[string]bool{}
 	for range rows {
-		e := event()
+		e, _ := enqueue(t, db.Pool)
 		want[e.MsgID()] = true
-		enqueue(t, db.Pool, e)
 	}
 	var (
 		wg    sync.WaitGroup
@@ -476,9 +447,7 @@ func TestRacingRelaysPublishEachRowOnce(t *testing.T) {
 	if len(errs) > 0 {
 		t.Fatal(errors.Join(errs...))
 	}
-	if n := pending(t, db.Pool); n != 0 {
-		t.Fatalf("pending = %d, want 0", n)
-	}
+	wantPending(t, db.Pool, 0)
 	// Each row was stamped by one relay: a row both had claimed would
 	// count twice (the broker acknowledges a duplicate too).
 	if total != rows {

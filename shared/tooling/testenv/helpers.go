@@ -8,14 +8,19 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/orderevent"
 	"orderpipe/shared/tooling/pspserver"
 )
 
@@ -130,4 +135,33 @@ func ClosedPort(t testing.TB) int {
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
 	return port
+}
+
+// Event returns a well-formed event of that name for an order of its own:
+// fresh order and client ids, a random request id in the recommended
+// "ORD…" form, the status the event announces, and now (to the
+// microsecond, as PostgreSQL keeps it) as its time.
+func Event(name orderevent.Name) orderevent.Event {
+	return orderevent.Event{
+		Version:    orderevent.Version,
+		Name:       name,
+		OrderID:    uuid.New(),
+		ClientID:   uuid.New(),
+		RequestID:  "ORD" + strings.ReplaceAll(uuid.NewString(), "-", "")[:20],
+		Status:     name.Status(),
+		OccurredAt: time.Now().UTC().Truncate(time.Microsecond),
+	}
+}
+
+// Column returns the one column that the query sql selects, every row,
+// failing the test if the query or a row's scan fails.
+func Column[T any](t testing.TB, pool *pgxpool.Pool, sql string, args ...any) []T {
+	t.Helper()
+	// A failed query's rows return its error, and CollectRows returns it.
+	rows, _ := pool.Query(t.Context(), sql, args...)
+	v, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	if err != nil {
+		t.Fatalf("testenv: %s: %v", sql, err)
+	}
+	return v
 }
