@@ -381,20 +381,16 @@ func (c *Compensator) selectStuck(ctx context.Context, q postgres.DB, cursor uui
 	if err != nil {
 		return nil, fmt.Errorf("select stuck orders: %w", err)
 	}
-	defer rows.Close()
-	var out []stuckOrder
-	for rows.Next() {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stuckOrder, error) {
 		var o stuckOrder
 		var s string
 		var age float64
-		if err := rows.Scan(&o.ID, &s, &o.ClientID, &o.RequestID, &o.Attempts, &o.RedriveStatus, &o.Since, &o.EnteredAt, &age); err != nil {
-			return nil, fmt.Errorf("select stuck orders: %w", err)
-		}
+		err := r.Scan(&o.ID, &s, &o.ClientID, &o.RequestID, &o.Attempts, &o.RedriveStatus, &o.Since, &o.EnteredAt, &age)
 		o.Status = order.Status(s)
 		o.Age = time.Duration(age * float64(time.Second))
-		out = append(out, o)
-	}
-	if err := rows.Err(); err != nil {
+		return o, err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("select stuck orders: %w", err)
 	}
 	return out, nil

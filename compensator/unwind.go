@@ -65,16 +65,13 @@ func selectRefundsDue(ctx context.Context, q postgres.DB, cursor uuid.UUID, limi
 	if err != nil {
 		return nil, fmt.Errorf("select refunds due: %w", err)
 	}
-	defer rows.Close()
-	var out []refundDue
-	for rows.Next() {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (refundDue, error) {
 		var r refundDue
-		if err := rows.Scan(&r.OrderID, &r.ClientID, &r.RequestID, &r.Status, &r.ChargeKey, &r.Amount, &r.Currency, &r.ChargeID, &r.RefundKey); err != nil {
-			return nil, fmt.Errorf("select refunds due: %w", err)
+		if err := row.Scan(&r.OrderID, &r.ClientID, &r.RequestID, &r.Status, &r.ChargeKey, &r.Amount, &r.Currency, &r.ChargeID, &r.RefundKey); err != nil {
+			return refundDue{}, fmt.Errorf("select refunds due: %w", err)
 		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		return r, nil
+	})
 }
 
 // refunds refunds the charges of cancelled orders. The intent (refund_key)

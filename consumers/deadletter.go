@@ -99,7 +99,13 @@ func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, includeReplayed bo
 
 // GetDeadLetter returns one dead letter.
 func GetDeadLetter(ctx context.Context, pool *pgxpool.Pool, id int64) (DeadLetter, error) {
-	d, err := scanDeadLetter(pool.QueryRow(ctx, `SELECT `+dlColumns+` FROM dead_letters WHERE id = $1`, id))
+	return readDeadLetter(pool.QueryRow(ctx, `SELECT `+dlColumns+` FROM dead_letters WHERE id = $1`, id), id)
+}
+
+// readDeadLetter scans dead letter id from row, the result of a query for
+// it; no row is ErrNoDeadLetter.
+func readDeadLetter(row pgx.Row, id int64) (DeadLetter, error) {
+	d, err := scanDeadLetter(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return DeadLetter{}, fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
 	}
@@ -124,12 +130,9 @@ func GetDeadLetter(ctx context.Context, pool *pgxpool.Pool, id int64) (DeadLette
 func ReplayDeadLetter(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, id int64) (string, error) {
 	var newID string
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		d, err := scanDeadLetter(tx.QueryRow(ctx, `SELECT `+dlColumns+` FROM dead_letters WHERE id = $1 FOR UPDATE`, id))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("dead letter %d: %w", id, ErrNoDeadLetter)
-		}
+		d, err := readDeadLetter(tx.QueryRow(ctx, `SELECT `+dlColumns+` FROM dead_letters WHERE id = $1 FOR UPDATE`, id), id)
 		if err != nil {
-			return fmt.Errorf("read dead letter %d: %w", id, err)
+			return err
 		}
 		if d.Subject == "" {
 			return fmt.Errorf("dead letter %d has no subject to replay to", id)

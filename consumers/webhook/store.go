@@ -59,14 +59,20 @@ func scanDelivery(row pgx.Row) (Delivery, error) {
 	return d, err
 }
 
+// notFound returns ErrNotFound in place of pgx.ErrNoRows (no delivery has
+// the webhook id asked for) and any other error as it is.
+func notFound(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	return err
+}
+
 // Get returns one delivery (without its attempt history).
 func Get(ctx context.Context, q postgres.DB, webhookID string) (Delivery, error) {
 	d, err := scanDelivery(q.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries WHERE webhook_id = $1`, webhookID))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Delivery{}, fmt.Errorf("get webhook %s: %w", webhookID, ErrNotFound)
-	}
 	if err != nil {
-		return Delivery{}, fmt.Errorf("get webhook %s: %w", webhookID, err)
+		return Delivery{}, fmt.Errorf("get webhook %s: %w", webhookID, notFound(err))
 	}
 	return d, nil
 }
@@ -119,11 +125,8 @@ func Resend(ctx context.Context, q postgres.DB, webhookID string) (Delivery, err
 			lease_token = NULL -- fences the outcome of a send in flight
 		WHERE webhook_id = $1
 		RETURNING `+deliveryColumns, webhookID))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Delivery{}, fmt.Errorf("resend webhook %s: %w", webhookID, ErrNotFound)
-	}
 	if err != nil {
-		return Delivery{}, fmt.Errorf("resend webhook %s: %w", webhookID, err)
+		return Delivery{}, fmt.Errorf("resend webhook %s: %w", webhookID, notFound(err))
 	}
 	return d, nil
 }

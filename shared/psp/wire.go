@@ -153,26 +153,35 @@ func decodeStrict(r io.Reader, v any) error {
 	return nil
 }
 
+// decodeChecked decodes a request body with decodeStrict and hands it to
+// check, which validates it and may normalise it in place. It returns the
+// zero T when either fails.
+func decodeChecked[T any](r io.Reader, check func(*T) error) (T, error) {
+	var v T
+	if err := decodeStrict(r, &v); err != nil {
+		return *new(T), err
+	}
+	if err := check(&v); err != nil {
+		return *new(T), err
+	}
+	return v, nil
+}
+
 // DecodeCharge parses and validates a charge request body and returns it
 // with the amount normalised ("39.9" → "39.90"). Every failure wraps
 // ErrInvalid.
 func DecodeCharge(r io.Reader) (ChargeRequest, error) {
-	var c ChargeRequest
-	if err := decodeStrict(r, &c); err != nil {
-		return ChargeRequest{}, err
-	}
-	cents, err := ParseAmount(c.Amount)
-	if err != nil {
-		return ChargeRequest{}, err
-	}
-	c.Amount = FormatAmount(cents)
-	if !currencyRe.MatchString(c.Currency) {
-		return ChargeRequest{}, fmt.Errorf("%w: currency %q is not an ISO 4217 code", ErrInvalid, c.Currency)
-	}
-	if err := checkReference(c.Reference); err != nil {
-		return ChargeRequest{}, err
-	}
-	return c, nil
+	return decodeChecked(r, func(c *ChargeRequest) error {
+		cents, err := ParseAmount(c.Amount)
+		if err != nil {
+			return err
+		}
+		c.Amount = FormatAmount(cents)
+		if !currencyRe.MatchString(c.Currency) {
+			return fmt.Errorf("%w: currency %q is not an ISO 4217 code", ErrInvalid, c.Currency)
+		}
+		return checkReference(c.Reference)
+	})
 }
 
 func checkReference(ref string) error {
@@ -184,24 +193,15 @@ func checkReference(ref string) error {
 
 // DecodeVoid parses and validates a void request body.
 func DecodeVoid(r io.Reader) (VoidRequest, error) {
-	var v VoidRequest
-	if err := decodeStrict(r, &v); err != nil {
-		return VoidRequest{}, err
-	}
-	if err := checkReference(v.Reference); err != nil {
-		return VoidRequest{}, err
-	}
-	return v, nil
+	return decodeChecked(r, func(v *VoidRequest) error { return checkReference(v.Reference) })
 }
 
 // DecodeRefund parses and validates a refund request body.
 func DecodeRefund(r io.Reader) (RefundRequest, error) {
-	var rr RefundRequest
-	if err := decodeStrict(r, &rr); err != nil {
-		return RefundRequest{}, err
-	}
-	if !ValidKey(rr.ChargeID) {
-		return RefundRequest{}, fmt.Errorf("%w: charge_id must be 1-255 printable characters", ErrInvalid)
-	}
-	return rr, nil
+	return decodeChecked(r, func(rr *RefundRequest) error {
+		if !ValidKey(rr.ChargeID) {
+			return fmt.Errorf("%w: charge_id must be 1-255 printable characters", ErrInvalid)
+		}
+		return nil
+	})
 }

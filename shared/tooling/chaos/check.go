@@ -189,22 +189,20 @@ func Check(ctx context.Context, db postgres.DB, opts CheckOptions) (Report, erro
 		}
 		rep.Invariants = append(rep.Invariants, inv)
 	}
-	if opts.InitialStock != nil {
-		inv, err := checkStock(ctx, db, opts.InitialStock)
-		if err != nil {
-			return rep, err
+	// The checks that need what the clients saw, each run only when opts
+	// gives it, in this order.
+	for _, c := range []struct {
+		given bool
+		check func() (Invariant, error)
+	}{
+		{opts.InitialStock != nil, func() (Invariant, error) { return checkStock(ctx, db, opts.InitialStock) }},
+		{opts.Accepted != nil, func() (Invariant, error) { return checkAccepted(ctx, db, opts.Accepted) }},
+		{opts.Received != nil, func() (Invariant, error) { return checkReceived(ctx, db, opts.Received) }},
+	} {
+		if !c.given {
+			continue
 		}
-		rep.Invariants = append(rep.Invariants, inv)
-	}
-	if opts.Accepted != nil {
-		inv, err := checkAccepted(ctx, db, opts.Accepted)
-		if err != nil {
-			return rep, err
-		}
-		rep.Invariants = append(rep.Invariants, inv)
-	}
-	if opts.Received != nil {
-		inv, err := checkReceived(ctx, db, opts.Received)
+		inv, err := c.check()
 		if err != nil {
 			return rep, err
 		}
@@ -255,17 +253,12 @@ func checkAccepted(ctx context.Context, db postgres.DB, accepted map[string]stri
 		return inv, fmt.Errorf("read accepted orders: %w", err)
 	}
 	found := map[string][]string{}
-	for rows.Next() {
-		var rid string
-		var oids []string
-		if err := rows.Scan(&rid, &oids); err != nil {
-			rows.Close()
-			return inv, err
-		}
+	var rid string
+	var oids []string // each Scan gives it a new slice
+	if _, err := pgx.ForEachRow(rows, []any{&rid, &oids}, func() error {
 		found[rid] = oids
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return inv, err
 	}
 	for rid, oid := range accepted {
@@ -289,17 +282,11 @@ func checkReceived(ctx context.Context, db postgres.DB, receiver func() map[stri
 		return inv, fmt.Errorf("read webhook deliveries: %w", err)
 	}
 	type delivered struct{ id, oid string }
-	var all []delivered
-	for rows.Next() {
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (delivered, error) {
 		var d delivered
-		if err := rows.Scan(&d.id, &d.oid); err != nil {
-			rows.Close()
-			return inv, err
-		}
-		all = append(all, d)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return d, r.Scan(&d.id, &d.oid)
+	})
+	if err != nil {
 		return inv, err
 	}
 	received := receiver()
