@@ -75,12 +75,8 @@ func TestHundredConcurrentIdenticalRequests(t *testing.T) {
 			t.Fatalf("response %d names another order: %s", i, bodies[i])
 		}
 	}
-	if rows := h.count(`SELECT count(*) FROM orders`); rows != 1 {
-		t.Fatalf("%d rows", rows)
-	}
-	if rows := h.count(`SELECT count(*) FROM outbox`); rows != 1 {
-		t.Fatalf("%d outbox rows", rows)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
+	h.wantCount(1, `SELECT count(*) FROM outbox`)
 }
 
 // 100 users × 10 requests each, all at once, each user with its own
@@ -118,12 +114,8 @@ func TestHundredUsersTenRequestsEach(t *testing.T) {
 	if created.Load() != users || replayed.Load() != users*(per-1) || other.Load() != 0 {
 		t.Fatalf("created %d, replayed %d, other %d", created.Load(), replayed.Load(), other.Load())
 	}
-	if rows := h.count(`SELECT count(*) FROM orders`); rows != users {
-		t.Fatalf("%d orders", rows)
-	}
-	if rows := h.count(`SELECT count(DISTINCT user_id) FROM orders`); rows != users {
-		t.Fatalf("%d users with orders", rows)
-	}
+	h.wantCount(users, `SELECT count(*) FROM orders`)
+	h.wantCount(users, `SELECT count(DISTINCT user_id) FROM orders`)
 }
 
 // holdingProxy is a TCP proxy between a client and the intake. The
@@ -229,9 +221,7 @@ func TestTimeoutThenRetry(t *testing.T) {
 	if p.conns.Load() < 2 {
 		t.Fatalf("the retry did not go through the proxy")
 	}
-	if rows := h.count(`SELECT count(*) FROM orders`); rows != 1 {
-		t.Fatalf("%d orders", rows)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 	var id string
 	if err := h.pool.QueryRow(t.Context(), `SELECT order_id::text FROM orders`).Scan(&id); err != nil || id != res.Order.OrderID {
 		t.Fatalf("client has %s, database has %s (%v)", res.Order.OrderID, id, err)
@@ -350,9 +340,7 @@ func TestLinearizableCreateAndGet(t *testing.T) {
 	if res != porcupine.Ok {
 		t.Fatalf("history of %d operations is %s", len(history), res)
 	}
-	if rows := h.count(`SELECT count(*) FROM orders`); rows != keys {
-		t.Fatalf("%d orders for %d keys", rows, keys)
-	}
+	h.wantCount(keys, `SELECT count(*) FROM orders`)
 }
 
 type keyed struct {
