@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -393,7 +394,7 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	rid := schema.Properties["request_id"]
-	if len(schema.OneOf) != 2 || !contains(schema.OneOf[0].Required, "request_id") || !contains(schema.OneOf[1].Required, "token") ||
+	if len(schema.OneOf) != 2 || !slices.Contains(schema.OneOf[0].Required, "request_id") || !slices.Contains(schema.OneOf[1].Required, "token") ||
 		schema.Properties["token"].Pattern == "" || rid.MinLength == nil || *rid.MinLength != 1 || rid.MaxLength == nil ||
 		*rid.MaxLength != 64 || rid.Pattern != order.RequestIDPattern || schema.AdditionalProperties == nil {
 		t.Fatalf("create_order schema: %s", b)
@@ -418,15 +419,6 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 	if n := h.orders(); n != 0 {
 		t.Fatalf("%d orders after refused calls", n)
 	}
-}
-
-func contains(xs []string, s string) bool {
-	for _, x := range xs {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // TestMalformedArguments: every tool refuses bad arguments with code 201

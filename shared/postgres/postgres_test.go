@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,7 +120,7 @@ func TestMigrationsUpDownUp(t *testing.T) {
 	}
 	up := tables(t, db.Pool)
 	for _, want := range []string{"api_clients", "orders", "order_events", "processed_messages", "outbox"} {
-		if !contains(up, want) {
+		if !slices.Contains(up, want) {
 			t.Fatalf("after up, table %s is missing; have %v", want, up)
 		}
 	}
@@ -394,15 +395,6 @@ func padVersion(v int64) string {
 		s = "0" + s
 	}
 	return s
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // TestOpenSized: the pool holds the configured number of connections, a
