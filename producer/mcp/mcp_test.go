@@ -107,6 +107,14 @@ func (h *harness) inMemory(p *progress) *sdk.ClientSession {
 	return cs
 }
 
+// setupSession is setup plus an in-memory session whose progress
+// notifications nobody reads.
+func setupSession(t *testing.T) (*harness, *sdk.ClientSession) {
+	t.Helper()
+	h := setup(t)
+	return h, h.inMemory(newProgress())
+}
+
 func runHub(t *testing.T, hub *orderstream.Hub) {
 	testenv.Go(t, "hub", hub.Run)
 }
@@ -205,14 +213,17 @@ func createArgs(requestID string) map[string]any {
 		"amount": "39.98", "currency": "CNY"}
 }
 
-// orders returns how many orders are stored (a failed query fails the test).
-func (h *harness) orders() int {
+// wantOrders fails the test unless want orders are stored (a failed query
+// fails it too).
+func (h *harness) wantOrders(want int) {
 	h.t.Helper()
 	var n int
 	if err := h.pool.QueryRow(h.t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil {
 		h.t.Fatalf("count orders: %v", err)
 	}
-	return n
+	if n != want {
+		h.t.Fatalf("%d orders, want %d", n, want)
+	}
 }
 
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
@@ -362,8 +373,7 @@ func TestStdio(t *testing.T) {
 
 func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 	t.Parallel()
-	h := setup(t)
-	cs := h.inMemory(newProgress())
+	h, cs := setupSession(t)
 	tools, err := cs.ListTools(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -416,17 +426,14 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 			t.Fatalf("create without one request_id or token: %s", r.raw)
 		}
 	}
-	if n := h.orders(); n != 0 {
-		t.Fatalf("%d orders after refused calls", n)
-	}
+	h.wantOrders(0)
 }
 
 // TestMalformedArguments: every tool refuses bad arguments with code 201
 // (do not retry) and creates nothing.
 func TestMalformedArguments(t *testing.T) {
 	t.Parallel()
-	h := setup(t)
-	cs := h.inMemory(newProgress())
+	h, cs := setupSession(t)
 	with := func(k string, v any) map[string]any {
 		a := createArgs(order.NewRequestID(time.Now()))
 		if v == nil {
@@ -510,9 +517,7 @@ func TestMalformedArguments(t *testing.T) {
 			t.Errorf("wait_for_order %s: %s", name, r.raw)
 		}
 	}
-	if n := h.orders(); n != 0 {
-		t.Fatalf("%d orders after refused calls", n)
-	}
+	h.wantOrders(0)
 }
 
 // An agent that rebuilds its call after a timeout: it fetched a token once
@@ -520,8 +525,7 @@ func TestMalformedArguments(t *testing.T) {
 // same order back. An unknown token is code 208 (fetch a new one).
 func TestCreateWithToken(t *testing.T) {
 	t.Parallel()
-	h := setup(t)
-	cs := h.inMemory(newProgress())
+	h, cs := setupSession(t)
 	r := call(t, cs, mcp.ToolNewToken, map[string]any{}, nil)
 	var tok idemtoken.Token
 	if err := json.Unmarshal([]byte(r.raw), &tok); r.isError || err != nil || tok.Token == "" || tok.ExpiresAt.IsZero() {
@@ -546,15 +550,12 @@ func TestCreateWithToken(t *testing.T) {
 	if r := call(t, cs, mcp.ToolCreateOrder, args, nil); !r.isError || r.problem.Code != 208 || r.problem.Retryable {
 		t.Fatalf("unknown token: %s", r.raw)
 	}
-	if n := h.orders(); n != 1 {
-		t.Fatalf("%d orders, want 1", n)
-	}
+	h.wantOrders(1)
 }
 
 func TestErrorsCarryTheHTTPCodes(t *testing.T) {
 	t.Parallel()
-	h := setup(t)
-	cs := h.inMemory(newProgress())
+	h, cs := setupSession(t)
 	rid := order.NewRequestID(time.Now())
 	first := call(t, cs, mcp.ToolCreateOrder, createArgs(rid), nil)
 	if first.isError {
