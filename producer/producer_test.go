@@ -465,13 +465,8 @@ func TestInFlightBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	pw.Close()
-	select {
-	case held := <-done:
-		if held.status != 202 {
-			t.Fatalf("held request: %d %s", held.status, held.body)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("the held request got no answer within a minute")
+	if held := testenv.Receive(t, done, time.Minute, "the held request's answer"); held.status != 202 {
+		t.Fatalf("held request: %d %s", held.status, held.body)
 	}
 	if r := h.do("GET", "/v1/orders?request_id=held", ""); r.status != 200 {
 		t.Fatalf("after the slot is free: %d", r.status)

@@ -356,13 +356,8 @@ func TestStdio(t *testing.T) {
 		t.Fatalf("wait_for_order over stdio: %s", w.raw)
 	}
 	_ = cs.Close() // closes stdin: the server returns
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("RunStdio: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("RunStdio did not return after stdin closed")
+	if err := testenv.Receive(t, done, 20*time.Second, "RunStdio to return after stdin closed"); err != nil {
+		t.Fatalf("RunStdio: %v", err)
 	}
 }
 

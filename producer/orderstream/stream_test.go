@@ -282,13 +282,8 @@ func TestKeepAlive(t *testing.T) {
 	o := h.newOrder()
 	s, _ := h.open(h.srv.URL, h.creds.APIKey, o.ID.String())
 	s.next(t)
-	select {
-	case c := <-s.comments:
-		if c != ": keep-alive" {
-			t.Fatalf("comment %q", c)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no keep-alive comment")
+	if c := testenv.Receive(t, s.comments, 10*time.Second, "a keep-alive comment"); c != ": keep-alive" {
+		t.Fatalf("comment %q", c)
 	}
 }
 

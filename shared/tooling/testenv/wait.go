@@ -1,0 +1,21 @@
+package testenv
+
+import (
+	"testing"
+	"time"
+)
+
+// Receive returns the next value from ch, failing the test if none comes
+// within timeout; what says what the test waits for ("the server to
+// return").
+func Receive[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		t.Fatalf("timed out after %s waiting for %s", timeout, what)
+	}
+	var zero T // not reached: Fatalf ends the test's goroutine
+	return zero
+}
