@@ -24,12 +24,7 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func ctxT(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t *testing.T) context.Context { return testenv.Context(t, 2*time.Minute) }
 
 // migrationFiles lists the embedded migrations by version.
 func migrationFiles(t *testing.T) map[int64]string {

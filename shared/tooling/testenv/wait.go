@@ -1,9 +1,19 @@
 package testenv
 
 import (
+	"context"
 	"testing"
 	"time"
 )
+
+// Context returns a context that ends after timeout, or when the test's
+// cleanups start, whichever comes first: a bound on what a test waits for
+// from a server.
+func Context(t testing.TB, timeout time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	t.Cleanup(cancel)
+	return ctx
+}
 
 // Receive returns the next value from ch, failing the test if none comes
 // within timeout; what says what the test waits for ("the server to
