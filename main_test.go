@@ -302,18 +302,14 @@ func TestProbe(t *testing.T) {
 
 func TestHealthURL(t *testing.T) {
 	t.Parallel()
-	for addr, want := range map[string]string{
+	testenv.Mapping(t, "healthURL", healthURL, map[string]string{
 		":8080":          "http://127.0.0.1:8080/healthz",
 		"0.0.0.0:9090":   "http://127.0.0.1:9090/healthz",
 		"[::]:9090":      "http://127.0.0.1:9090/healthz",
 		"10.0.0.5:8081":  "http://10.0.0.5:8081/healthz",
 		"[::1]:8081":     "http://[::1]:8081/healthz",
 		"localhost:8080": "http://localhost:8080/healthz",
-	} {
-		if got := healthURL(addr); got != want {
-			t.Errorf("healthURL(%q) = %q, want %q", addr, got, want)
-		}
-	}
+	})
 }
 
 // FuzzHealthURL: whatever HTTP_ADDR holds, probe's default target is an

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -75,12 +74,8 @@ func TestHundredConcurrentIdenticalRequests(t *testing.T) {
 			t.Fatalf("response %d names another order: %s", i, bodies[i])
 		}
 	}
-	if rows := h.count(`SELECT count(*) FROM orders`); rows != 1 {
-		t.Fatalf("%d rows", rows)
-	}
-	if rows := h.count(`SELECT count(*) FROM outbox`); rows != 1 {
-		t.Fatalf("%d outbox rows", rows)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
+	h.wantCount(1, `SELECT count(*) FROM outbox`)
 }
 
 // 100 users × 10 requests each, all at once, each user with its own
@@ -118,89 +113,27 @@ func TestHundredUsersTenRequestsEach(t *testing.T) {
 	if created.Load() != users || replayed.Load() != users*(per-1) || other.Load() != 0 {
 		t.Fatalf("created %d, replayed %d, other %d", created.Load(), replayed.Load(), other.Load())
 	}
-	if rows := h.count(`SELECT count(*) FROM orders`); rows != users {
-		t.Fatalf("%d orders", rows)
-	}
-	if rows := h.count(`SELECT count(DISTINCT user_id) FROM orders`); rows != users {
-		t.Fatalf("%d users with orders", rows)
-	}
+	h.wantCount(users, `SELECT count(*) FROM orders`)
+	h.wantCount(users, `SELECT count(DISTINCT user_id) FROM orders`)
 }
 
-// holdingProxy is a TCP proxy between a client and the intake. The
-// responses of the first connection are held back until release is
-// closed: the server has answered (and committed) but the client does not
-// hear it. Later connections pass through.
-type holdingProxy struct {
-	l       net.Listener
-	target  string
-	release chan struct{}
-	conns   atomic.Int64
-	mu      sync.Mutex
-	open    []net.Conn
-	wg      sync.WaitGroup
+// firstAnswerLost is a client transport that delivers every request but
+// loses the first answer: the server has answered (and committed), but the
+// client hears nothing until its attempt's context ends, and gets that
+// context's error. Later requests get their answers.
+type firstAnswerLost struct {
+	next  http.RoundTripper
+	calls atomic.Int64
 }
 
-func newHoldingProxy(t *testing.T, target string) *holdingProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+func (l *firstAnswerLost) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := l.next.RoundTrip(r)
+	if l.calls.Add(1) > 1 || err != nil {
+		return resp, err
 	}
-	p := &holdingProxy{l: l, target: target, release: make(chan struct{})}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *holdingProxy) URL() string { return "http://" + p.l.Addr().String() }
-
-func (p *holdingProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.open = append(p.open, c, s)
-		p.mu.Unlock()
-		held := p.conns.Add(1) == 1
-		p.wg.Add(2)
-		go func() {
-			defer p.wg.Done()
-			_, _ = io.Copy(s, c)
-			s.Close()
-		}()
-		go func() {
-			defer p.wg.Done()
-			if held {
-				<-p.release
-			}
-			_, _ = io.Copy(c, s)
-			c.Close()
-		}()
-	}
-}
-
-func (p *holdingProxy) close() {
-	p.l.Close()
-	select {
-	case <-p.release:
-	default:
-		close(p.release)
-	}
-	p.mu.Lock()
-	for _, c := range p.open {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
+	resp.Body.Close()
+	<-r.Context().Done()
+	return nil, r.Context().Err()
 }
 
 // The classic story: the server commits, the response is lost in a slow
@@ -211,11 +144,12 @@ func TestTimeoutThenRetry(t *testing.T) {
 	// The retry's attempt must finish within its timeout even on a loaded
 	// machine (the whole suite under -race on two cores): 2 s + 1 s.
 	h := setup(t, producer.Options{Timeout: 2 * time.Second})
-	p := newHoldingProxy(t, strings.TrimPrefix(h.srv.URL, "http://"))
-	c := client.New(p.URL(), h.creds.APIKey)
+	c := client.New(h.srv.URL, h.creds.APIKey)
 	c.AttemptTimeout = 2*time.Second + time.Second // server deadline + margin
-	c.HTTP = &http.Client{Transport: &http.Transport{}}
-	defer c.HTTP.CloseIdleConnections()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	lost := &firstAnswerLost{next: tr}
+	c.HTTP = &http.Client{Transport: lost}
 	var retried []error
 	c.OnRetry = func(_ int, err error, _ time.Duration) { retried = append(retried, err) }
 
@@ -226,12 +160,10 @@ func TestTimeoutThenRetry(t *testing.T) {
 	if len(retried) != 1 || res.Attempts != 2 || !res.Replayed {
 		t.Fatalf("want one timed-out attempt then a replay; got %+v, retries %v", res, retried)
 	}
-	if p.conns.Load() < 2 {
-		t.Fatalf("the retry did not go through the proxy")
+	if lost.calls.Load() < 2 {
+		t.Fatalf("the retry did not go through the transport that lost the first answer")
 	}
-	if rows := h.count(`SELECT count(*) FROM orders`); rows != 1 {
-		t.Fatalf("%d orders", rows)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 	var id string
 	if err := h.pool.QueryRow(t.Context(), `SELECT order_id::text FROM orders`).Scan(&id); err != nil || id != res.Order.OrderID {
 		t.Fatalf("client has %s, database has %s (%v)", res.Order.OrderID, id, err)
@@ -350,9 +282,7 @@ func TestLinearizableCreateAndGet(t *testing.T) {
 	if res != porcupine.Ok {
 		t.Fatalf("history of %d operations is %s", len(history), res)
 	}
-	if rows := h.count(`SELECT count(*) FROM orders`); rows != keys {
-		t.Fatalf("%d orders for %d keys", rows, keys)
-	}
+	h.wantCount(keys, `SELECT count(*) FROM orders`)
 }
 
 type keyed struct {

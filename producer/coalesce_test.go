@@ -74,9 +74,7 @@ func TestConcurrentDuplicatesShareOneWrite(t *testing.T) {
 	if n := drawn.Load(); n != 1 {
 		t.Fatalf("%d order numbers drawn, want 1 (one row written)", n)
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
-		t.Fatalf("%d orders, want 1", n)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 }
 
 // TestDuplicateOfAFailedRequestWritesItself: a request that waited for
@@ -123,12 +121,8 @@ func TestDuplicateOfAFailedRequestWritesItself(t *testing.T) {
 	if a.err != nil {
 		t.Fatalf("the duplicate: %v, want the order", a.err)
 	}
-	if n := h.count(`SELECT count(*) FROM orders WHERE order_id = $1`, a.o.ID); n != 1 {
-		t.Fatalf("the answered order %s is stored %d times", a.o.ID, n)
-	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
-		t.Fatalf("%d orders, want 1", n)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders WHERE order_id = $1`, a.o.ID)
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 }
 
 // TestReplayOfAKnownKeyIsARead: once a process has seen a key's order
@@ -176,9 +170,7 @@ func TestReplayOfAKnownKeyIsARead(t *testing.T) {
 			t.Fatalf("%d order numbers drawn, want 2 (one write finds the key taken, then reads)", n)
 		}
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 2 {
-		t.Fatalf("%d orders, want 2", n)
-	}
+	h.wantCount(2, `SELECT count(*) FROM orders`)
 }
 
 // decodeRequest is the create request of a valid body.

@@ -59,7 +59,5 @@ func TestOneDeadlinePerRequest(t *testing.T) {
 	if err := release(); err != nil {
 		t.Fatal(err)
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 0 {
-		t.Fatalf("%d orders", n)
-	}
+	h.wantCount(0, `SELECT count(*) FROM orders`)
 }

@@ -160,6 +160,15 @@ func (h *harness) count(sql string, args ...any) int {
 	return n
 }
 
+// wantCount fails the test unless the count query sql (with args) finds
+// want rows.
+func (h *harness) wantCount(want int, sql string, args ...any) {
+	h.t.Helper()
+	if n := h.count(sql, args...); n != want {
+		h.t.Fatalf("%s %v: %d rows, want %d", sql, args, n, want)
+	}
+}
+
 // streamCount returns how many messages of the stream carry msgID.
 func streamCount(t *testing.T, js jetstream.JetStream, stream, subject, msgID string) int {
 	t.Helper()
@@ -224,9 +233,7 @@ func TestCreateReplayMismatchAndGet(t *testing.T) {
 	if r.status != http.StatusUnprocessableEntity || r.code(t) != 207 || r.json(t)["retryable"] != false {
 		t.Fatalf("mismatch: %d %s", r.status, r.body)
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
-		t.Fatalf("%d orders", n)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 
 	for _, path := range []string{"/v1/orders/" + id, "/v1/orders?request_id=ORD20261202143022a3f9c1"} {
 		r = h.do("GET", path, "")
@@ -382,9 +389,7 @@ func TestRateLimit(t *testing.T) {
 	if r := h.post(orderBody("limited"), "Authorization", "Bearer "+other.APIKey); r.status != 202 {
 		t.Fatalf("other client: %d %s", r.status, r.body)
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
-		t.Fatalf("%d orders", n)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 }
 
 // A client's own limits take the place of the defaults, and a change is
@@ -460,13 +465,8 @@ func TestInFlightBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	pw.Close()
-	select {
-	case held := <-done:
-		if held.status != 202 {
-			t.Fatalf("held request: %d %s", held.status, held.body)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("the held request got no answer within a minute")
+	if held := testenv.Receive(t, done, time.Minute, "the held request's answer"); held.status != 202 {
+		t.Fatalf("held request: %d %s", held.status, held.body)
 	}
 	if r := h.do("GET", "/v1/orders?request_id=held", ""); r.status != 200 {
 		t.Fatalf("after the slot is free: %d", r.status)
@@ -514,7 +514,5 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 	if el := time.Since(t0); el > 5*time.Second {
 		t.Fatalf("the server held the request for %s", el)
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 0 {
-		t.Fatalf("%d orders", n)
-	}
+	h.wantCount(0, `SELECT count(*) FROM orders`)
 }

@@ -71,9 +71,7 @@ func TestTokenNormalOrder(t *testing.T) {
 	if r := h.post(orderBody(tok2)); r.status != http.StatusAccepted {
 		t.Fatalf("token as the body's request_id: %d %s", r.status, r.body)
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 2 {
-		t.Fatalf("%d orders", n)
-	}
+	h.wantCount(2, `SELECT count(*) FROM orders`)
 }
 
 // The article's second case: the first attempt's answer is delayed, the
@@ -121,9 +119,7 @@ func TestTokenRetryWhileDelayed(t *testing.T) {
 	if r := h.post(other, "Idempotency-Key", tok); r.status != http.StatusUnprocessableEntity || r.code(t) != 207 {
 		t.Fatalf("used token, other payload: %d %s", r.status, r.body)
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
-		t.Fatalf("%d orders, want 1", n)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 }
 
 // The article's third case: 100 concurrent requests with one token give
@@ -151,9 +147,7 @@ func TestTokenHundredConcurrentRequests(t *testing.T) {
 	if statuses[http.StatusAccepted] != 1 || statuses[http.StatusAccepted]+statuses[http.StatusOK]+statuses[http.StatusConflict] != 100 || len(ids) != 1 {
 		t.Fatalf("answers %v, order ids %v", statuses, ids)
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
-		t.Fatalf("%d orders, want 1", n)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 	if s := h.tokenState(tok); s != "used" {
 		t.Fatalf("token %s", s)
 	}
@@ -186,9 +180,7 @@ func TestTokenExpiryAndUnknown(t *testing.T) {
 			t.Fatalf("token %q: %d %s", bad, r.status, r.body)
 		}
 	}
-	if n := h.count(`SELECT count(*) FROM orders`); n != 1 {
-		t.Fatalf("%d orders, want 1", n)
-	}
+	h.wantCount(1, `SELECT count(*) FROM orders`)
 	// The sweep deletes expired unused tokens after the retention only.
 	if n, err := idemtoken.Sweep(ctx, h.pool, time.Hour, 100); err != nil || n != 0 {
 		t.Fatalf("sweep within the retention: %d %v", n, err)

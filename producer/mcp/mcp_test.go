@@ -6,13 +6,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -104,6 +104,14 @@ func (h *harness) inMemory(p *progress) *sdk.ClientSession {
 		_ = ss.Wait()
 	})
 	return cs
+}
+
+// setupSession is setup plus an in-memory session whose progress
+// notifications nobody reads.
+func setupSession(t *testing.T) (*harness, *sdk.ClientSession) {
+	t.Helper()
+	h := setup(t)
+	return h, h.inMemory(newProgress())
 }
 
 func runHub(t *testing.T, hub *orderstream.Hub) {
@@ -204,23 +212,22 @@ func createArgs(requestID string) map[string]any {
 		"amount": "39.98", "currency": "CNY"}
 }
 
-// orders returns how many orders are stored (a failed query fails the test).
-func (h *harness) orders() int {
+// wantOrders fails the test unless want orders are stored (a failed query
+// fails it too).
+func (h *harness) wantOrders(want int) {
 	h.t.Helper()
 	var n int
 	if err := h.pool.QueryRow(h.t.Context(), `SELECT count(*) FROM orders`).Scan(&n); err != nil {
 		h.t.Fatalf("count orders: %v", err)
 	}
-	return n
+	if n != want {
+		h.t.Fatalf("%d orders, want %d", n, want)
+	}
 }
 
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
 	h.t.Helper()
-	err := pgx.BeginFunc(h.t.Context(), h.pool, func(tx pgx.Tx) error {
-		_, err := orderstore.Transition(h.t.Context(), tx, id, from, to, "")
-		return err
-	})
-	if err != nil {
+	if err := testenv.Move(h.t.Context(), h.pool, id, from, to); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -349,20 +356,14 @@ func TestStdio(t *testing.T) {
 		t.Fatalf("wait_for_order over stdio: %s", w.raw)
 	}
 	_ = cs.Close() // closes stdin: the server returns
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("RunStdio: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("RunStdio did not return after stdin closed")
+	if err := testenv.Receive(t, done, 20*time.Second, "RunStdio to return after stdin closed"); err != nil {
+		t.Fatalf("RunStdio: %v", err)
 	}
 }
 
 func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 	t.Parallel()
-	h := setup(t)
-	cs := h.inMemory(newProgress())
+	h, cs := setupSession(t)
 	tools, err := cs.ListTools(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -393,7 +394,7 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	rid := schema.Properties["request_id"]
-	if len(schema.OneOf) != 2 || !contains(schema.OneOf[0].Required, "request_id") || !contains(schema.OneOf[1].Required, "token") ||
+	if len(schema.OneOf) != 2 || !slices.Contains(schema.OneOf[0].Required, "request_id") || !slices.Contains(schema.OneOf[1].Required, "token") ||
 		schema.Properties["token"].Pattern == "" || rid.MinLength == nil || *rid.MinLength != 1 || rid.MaxLength == nil ||
 		*rid.MaxLength != 64 || rid.Pattern != order.RequestIDPattern || schema.AdditionalProperties == nil {
 		t.Fatalf("create_order schema: %s", b)
@@ -415,26 +416,14 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 			t.Fatalf("create without one request_id or token: %s", r.raw)
 		}
 	}
-	if n := h.orders(); n != 0 {
-		t.Fatalf("%d orders after refused calls", n)
-	}
-}
-
-func contains(xs []string, s string) bool {
-	for _, x := range xs {
-		if x == s {
-			return true
-		}
-	}
-	return false
+	h.wantOrders(0)
 }
 
 // TestMalformedArguments: every tool refuses bad arguments with code 201
 // (do not retry) and creates nothing.
 func TestMalformedArguments(t *testing.T) {
 	t.Parallel()
-	h := setup(t)
-	cs := h.inMemory(newProgress())
+	h, cs := setupSession(t)
 	with := func(k string, v any) map[string]any {
 		a := createArgs(order.NewRequestID(time.Now()))
 		if v == nil {
@@ -518,9 +507,7 @@ func TestMalformedArguments(t *testing.T) {
 			t.Errorf("wait_for_order %s: %s", name, r.raw)
 		}
 	}
-	if n := h.orders(); n != 0 {
-		t.Fatalf("%d orders after refused calls", n)
-	}
+	h.wantOrders(0)
 }
 
 // An agent that rebuilds its call after a timeout: it fetched a token once
@@ -528,8 +515,7 @@ func TestMalformedArguments(t *testing.T) {
 // same order back. An unknown token is code 208 (fetch a new one).
 func TestCreateWithToken(t *testing.T) {
 	t.Parallel()
-	h := setup(t)
-	cs := h.inMemory(newProgress())
+	h, cs := setupSession(t)
 	r := call(t, cs, mcp.ToolNewToken, map[string]any{}, nil)
 	var tok idemtoken.Token
 	if err := json.Unmarshal([]byte(r.raw), &tok); r.isError || err != nil || tok.Token == "" || tok.ExpiresAt.IsZero() {
@@ -554,15 +540,12 @@ func TestCreateWithToken(t *testing.T) {
 	if r := call(t, cs, mcp.ToolCreateOrder, args, nil); !r.isError || r.problem.Code != 208 || r.problem.Retryable {
 		t.Fatalf("unknown token: %s", r.raw)
 	}
-	if n := h.orders(); n != 1 {
-		t.Fatalf("%d orders, want 1", n)
-	}
+	h.wantOrders(1)
 }
 
 func TestErrorsCarryTheHTTPCodes(t *testing.T) {
 	t.Parallel()
-	h := setup(t)
-	cs := h.inMemory(newProgress())
+	h, cs := setupSession(t)
 	rid := order.NewRequestID(time.Now())
 	first := call(t, cs, mcp.ToolCreateOrder, createArgs(rid), nil)
 	if first.isError {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/producer"
@@ -90,11 +89,7 @@ func (h *harness) newOrder() order.Order {
 // another process would.
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
 	h.t.Helper()
-	err := pgx.BeginFunc(h.t.Context(), h.pool, func(tx pgx.Tx) error {
-		_, err := orderstore.Transition(h.t.Context(), tx, id, from, to, "")
-		return err
-	})
-	if err != nil {
+	if err := testenv.Move(h.t.Context(), h.pool, id, from, to); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -287,13 +282,8 @@ func TestKeepAlive(t *testing.T) {
 	o := h.newOrder()
 	s, _ := h.open(h.srv.URL, h.creds.APIKey, o.ID.String())
 	s.next(t)
-	select {
-	case c := <-s.comments:
-		if c != ": keep-alive" {
-			t.Fatalf("comment %q", c)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no keep-alive comment")
+	if c := testenv.Receive(t, s.comments, 10*time.Second, "a keep-alive comment"); c != ": keep-alive" {
+		t.Fatalf("comment %q", c)
 	}
 }
 

@@ -40,43 +40,6 @@ func TestPublicAddr(t *testing.T) {
 	}
 }
 
-// refusedWithoutPrivate lists callback URLs that the intake must refuse,
-// as delivery does, with private callbacks off (the producer's HTTP test
-// sends the same list through the intake).
-var refusedWithoutPrivate = []string{
-	"https://127.0.0.1/h",
-	"https://10.1.2.3/h",
-	"https://[::1]/h",
-	"https://[::ffff:10.0.0.1]/h",
-	"https://localhost/h",
-	"https://LOCALHOST./h",
-	"https://a.b.localhost/h",
-	"https://100.64.0.1/h",            // CGNAT
-	"https://192.0.2.1/h",             // TEST-NET-1
-	"https://198.51.100.1/h",          // TEST-NET-2
-	"https://203.0.113.1/h",           // TEST-NET-3
-	"https://198.18.0.1/h",            // benchmarking
-	"https://240.0.0.1/h",             // reserved
-	"https://255.255.255.255/h",       // broadcast
-	"https://0.0.0.0/h",               // this network
-	"https://[64:ff9b::7f00:1]/h",     // NAT64 of 127.0.0.1
-	"https://[2002:7f00:1::]/h",       // 6to4 of 127.0.0.1
-	"https://[2001:db8::1]/h",         // documentation
-	"https://[fe80::1%25eth0]/h",      // link-local with a zone
-	"https://[2606:4700::1%25eth0]/h", // a zone on a public address
-	"https://0x7f000001/h",            // WHATWG: 127.0.0.1
-	"https://2130706433/h",            // WHATWG: 127.0.0.1
-	"https://017700000001/h",          // WHATWG: 127.0.0.1
-	"https://127.1/h",                 // WHATWG: 127.0.0.1
-	"https://127.0.1/h",
-	"https://0177.0.0.1/h",
-	"https://0x7f.1/h",
-	"https://127.0.0.1./h",
-	"https://0/h",
-	"https://%31%32%37.0.0.1/h",          // percent-encoded
-	"https://\uff11\uff12\uff17.0.0.1/h", // full-width digits, mapped by IDNA
-}
-
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -134,7 +97,7 @@ func TestCheck(t *testing.T) {
 			t.Errorf("Check(%q): error %v wraps neither sentinel", tc.url, err)
 		}
 	}
-	for _, u := range refusedWithoutPrivate {
+	for _, u := range testenv.RefusedCallbackURLs() {
 		if err := callbackurl.Check(u, false); err == nil {
 			t.Errorf("Check(%q, false) = nil, want a refusal", u)
 		}
@@ -178,7 +141,7 @@ func FuzzCheck(f *testing.F) {
 
 func TestRedact(t *testing.T) {
 	t.Parallel()
-	for raw, want := range map[string]string{
+	testenv.Mapping(t, "Redact", callbackurl.Redact, map[string]string{
 		"https://shop.example/hooks?token=s3cret&x=1": "https://shop.example/hooks?REDACTED",
 		"https://shop.example/hooks":                  "https://shop.example/hooks",
 		"https://shop.example/hooks?":                 "https://shop.example/hooks?REDACTED",
@@ -186,25 +149,17 @@ func TestRedact(t *testing.T) {
 		"https://shop.example:8443/a/b#tok":           "https://shop.example:8443/a/b",
 		"mailto:a@b.c?x":                              "mailto:REDACTED",
 		"https://%zz/h?token=s3cret":                  "(unparsable URL REDACTED)",
-	} {
-		if got := callbackurl.Redact(raw); got != want {
-			t.Errorf("Redact(%q) = %q, want %q", raw, got, want)
-		}
-	}
+	})
 }
 
 func TestScrub(t *testing.T) {
 	t.Parallel()
 	raw := "https://shop.example/h?token=s3cret"
-	for msg, want := range map[string]string{
+	testenv.Mapping(t, "Scrub", func(msg string) string { return callbackurl.Scrub(msg, raw) }, map[string]string{
 		`Post "https://shop.example/h?token=s3cret": EOF`: `Post "https://shop.example/h?REDACTED": EOF`,
 		`dial: lookup shop.example: no such host`:         `dial: lookup shop.example: no such host`,
 		`something about ?token=s3cret`:                   `something about ?REDACTED`,
-	} {
-		if got := callbackurl.Scrub(msg, raw); got != want {
-			t.Errorf("Scrub(%q) = %q, want %q", msg, got, want)
-		}
-	}
+	})
 	if got := callbackurl.Scrub("x", ""); got != "x" {
 		t.Errorf("Scrub with no URL = %q", got)
 	}

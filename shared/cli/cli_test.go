@@ -128,18 +128,14 @@ func TestJoin(t *testing.T) {
 }
 
 func TestIndent(t *testing.T) {
-	for in, want := range map[string]string{
+	testenv.Mapping(t, "Indent", cli.Indent, map[string]string{
 		"":           "  ",
 		"a":          "  a",
 		"a\nb":       "  a\n  b",
 		"a\nb\n\n":   "  a\n  b",
 		"a\n\nb":     "  a\n  \n  b",
 		"  x\n  y\n": "    x\n    y",
-	} {
-		if got := cli.Indent(in); got != want {
-			t.Errorf("Indent(%q) = %q, want %q", in, got, want)
-		}
-	}
+	})
 }
 
 // Subcommands runs the named one with the arguments after its name; a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,12 +24,7 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func ctxT(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t *testing.T) context.Context { return testenv.Context(t, 2*time.Minute) }
 
 // migrationFiles lists the embedded migrations by version.
 func migrationFiles(t *testing.T) map[int64]string {
@@ -119,7 +115,7 @@ func TestMigrationsUpDownUp(t *testing.T) {
 	}
 	up := tables(t, db.Pool)
 	for _, want := range []string{"api_clients", "orders", "order_events", "processed_messages", "outbox"} {
-		if !contains(up, want) {
+		if !slices.Contains(up, want) {
 			t.Fatalf("after up, table %s is missing; have %v", want, up)
 		}
 	}
@@ -394,15 +390,6 @@ func padVersion(v int64) string {
 		s = "0" + s
 	}
 	return s
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // TestOpenSized: the pool holds the configured number of connections, a

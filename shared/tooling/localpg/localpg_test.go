@@ -20,9 +20,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 func start(t *testing.T, opts localpg.Options) *localpg.Server {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	s, err := localpg.Start(ctx, opts)
+	s, err := localpg.Start(testenv.Context(t, 2*time.Minute), opts)
 	if err != nil {
 		t.Fatalf("start PostgreSQL: %v", err)
 	}
@@ -39,14 +37,21 @@ func groupGone(pgid int) bool {
 	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
 }
 
-func query(t *testing.T, url, sql string, args ...any) {
+// connect opens a connection to url, failing the test if it cannot; ctx
+// bounds the connection's use to 30 seconds. The caller closes it.
+func connect(t *testing.T, url string) (context.Context, *pgx.Conn) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
+	ctx := testenv.Context(t, 30*time.Second)
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		t.Fatalf("connect: %v", err)
+		t.Fatalf("connect to %s: %v", url, err)
 	}
+	return ctx, conn
+}
+
+func query(t *testing.T, url, sql string, args ...any) {
+	t.Helper()
+	ctx, conn := connect(t, url)
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
@@ -84,11 +89,7 @@ func TestStalePidFileOfKilledServerDoesNotBlockStart(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill postmaster %d: %v", pid, err)
 	}
-	select {
-	case <-first.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("postmaster did not exit after SIGKILL")
-	}
+	testenv.WaitExited(t, first.Done(), 30*time.Second, "the postmaster killed with SIGKILL")
 	// Its backends notice the postmaster's death and exit by themselves.
 	testenv.WaitFor(t, 30*time.Second, "the killed server's backends to exit", func() bool { return groupGone(pid) })
 	if _, err := os.Stat(filepath.Join(dir, "postmaster.pid")); err != nil {
@@ -99,12 +100,7 @@ func TestStalePidFileOfKilledServerDoesNotBlockStart(t *testing.T) {
 	if second.Pid() == pid {
 		t.Fatalf("second server reports the killed server's pid %d", pid)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, second.URL("postgres"))
-	if err != nil {
-		t.Fatalf("connect to the restarted server: %v", err)
-	}
+	ctx, conn := connect(t, second.URL("postgres"))
 	defer conn.Close(ctx)
 	var v int
 	if err := conn.QueryRow(ctx, "SELECT v FROM survivor").Scan(&v); err != nil || v != 7 {
@@ -136,9 +132,7 @@ func TestRestartKeepsPortAndData(t *testing.T) {
 	s := start(t, localpg.Options{DataDir: testenv.PostgresDataDir(t)})
 	port := s.Port()
 	query(t, s.URL("postgres"), "CREATE TABLE kept (v int); INSERT INTO kept VALUES (1)")
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	if err := s.Restart(ctx); err != nil {
+	if err := s.Restart(testenv.Context(t, 2*time.Minute)); err != nil {
 		t.Fatalf("restart: %v", err)
 	}
 	if s.Port() != port {
