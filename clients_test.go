@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
-	"io"
 	"strings"
 	"testing"
 
@@ -15,19 +13,12 @@ import (
 	"orderpipe/shared/tooling/testenv"
 )
 
-// runClients parses args the way main does and runs the command.
+// runClients runs the command the way main does, on a config that names
+// dbURL.
 func runClients(t *testing.T, dbURL string, args ...string) (string, error) {
 	t.Helper()
-	cmd := clientsCommand()
-	fs := flag.NewFlagSet("orderpipe clients", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	cmd.Setup(fs)
-	if err := fs.Parse(args); err != nil {
-		return "", cli.Usagef("%v", err)
-	}
 	var out bytes.Buffer
-	err := cmd.Run(t.Context(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: &out, Stderr: io.Discard,
-		Config: config.Config{DatabaseURL: dbURL}})
+	err := testenv.RunCommand(t.Context(), clientsCommand(), config.Config{DatabaseURL: dbURL}, &out, nil, args...)
 	return out.String(), err
 }
 
@@ -110,13 +101,7 @@ func TestClientsMalformedCommandLines(t *testing.T) {
 		{"set-rate-limit", "--id", "0190b0b0-0000-7000-8000-000000000001", "--name", "x"},
 		{"set-rate-limit", "--id", "0190b0b0-0000-7000-8000-000000000001", "--rate-limit", "-3"},
 	}
-	for _, args := range cases {
-		_, err := runClients(t, "postgres://unused.invalid/x", args...)
-		var ue cli.UsageError
-		if !errors.As(err, &ue) {
-			t.Errorf("%q: want a usage error, got %v", args, err)
-		}
-	}
+	testenv.WantUsageErrors(t, clientsCommand(), config.Config{DatabaseURL: "postgres://unused.invalid/x"}, cases...)
 	// A good command line without DATABASE_URL is an environment error,
 	// not a usage error.
 	if _, err := runClients(t, "", "create", "--name", "x"); err == nil || errors.As(err, new(cli.UsageError)) {

@@ -41,24 +41,19 @@ func isUsage(err error) bool {
 
 func TestCommandRefusesMalformedFlags(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{
-		{"--max-attempts", "-1"},
-		{"--max-attempts", "many"},
-		{"--stuck-after", "0s"},
-		{"--stuck-after", "-5m"},
-		{"--stuck-after", "soon"},
-		{"--stuck-paid", "0"},
-		{"--interval", "-1s"},
-		{"--batch-size", "0"},
-		{"--dedupe-retention", "0s"},
-		{"--bogus"},
-		{"extra-argument"},
-	} {
-		_, err := run(t, compensator.Command(), config.Config{}, args...)
-		if !isUsage(err) {
-			t.Errorf("%q: got %v, want a usage error", args, err)
-		}
-	}
+	testenv.WantUsageErrors(t, compensator.Command(), config.Config{},
+		[]string{"--max-attempts", "-1"},
+		[]string{"--max-attempts", "many"},
+		[]string{"--stuck-after", "0s"},
+		[]string{"--stuck-after", "-5m"},
+		[]string{"--stuck-after", "soon"},
+		[]string{"--stuck-paid", "0"},
+		[]string{"--interval", "-1s"},
+		[]string{"--batch-size", "0"},
+		[]string{"--dedupe-retention", "0s"},
+		[]string{"--bogus"},
+		[]string{"extra-argument"},
+	)
 }
 
 func TestCommandRefusesWindowsThatDoNotFit(t *testing.T) {

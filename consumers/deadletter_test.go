@@ -3,7 +3,6 @@ package consumers_test
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -257,11 +256,7 @@ func TestCommandsRefuseBadArguments(t *testing.T) {
 		{consumers.Command(), []string{"extra"}},
 	}
 	for _, tc := range cases {
-		err := runCmd(t, tc.cmd, config.Config{}, io.Discard, tc.args...)
-		var ue cli.UsageError
-		if !errors.As(err, &ue) {
-			t.Errorf("%s %q: %v, want a usage error", tc.cmd.Name, tc.args, err)
-		}
+		testenv.WantUsageErrors(t, tc.cmd, config.Config{}, tc.args)
 	}
 	// Well-formed, but no database configured: an error naming the variable.
 	if err := runCmd(t, consumers.InventoryCommand(), config.Config{}, io.Discard, "list"); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {

@@ -2,9 +2,6 @@ package producer_test
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,35 +10,20 @@ import (
 
 	"orderpipe/producer"
 	"orderpipe/producer/client"
-	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/tooling/testenv"
 )
 
 func runProducer(t *testing.T, cfg config.Config, args ...string) error {
 	t.Helper()
-	cmd := producer.Command()
-	fs := flag.NewFlagSet("orderpipe producer", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	if cmd.Setup != nil {
-		cmd.Setup(fs)
-	}
-	if err := fs.Parse(args); err != nil {
-		return cli.Usagef("%v", err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	return cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: io.Discard, Stderr: io.Discard, Config: cfg})
+	return testenv.RunCommand(ctx, producer.Command(), cfg, nil, nil, args...)
 }
 
 // Not parallel: it sets environment variables.
 func TestProducerCommandLineAndEnvironment(t *testing.T) {
-	for _, args := range [][]string{{"extra"}, {"--port", "1"}} {
-		var ue cli.UsageError
-		if err := runProducer(t, config.Config{}, args...); !errors.As(err, &ue) {
-			t.Errorf("%q: want a usage error, got %v", args, err)
-		}
-	}
+	testenv.WantUsageErrors(t, producer.Command(), config.Config{}, []string{"extra"}, []string{"--port", "1"})
 	for _, kv := range [][2]string{
 		{producer.EnvTimeout.Name, "soon"}, {producer.EnvTimeout.Name, "-1s"}, {producer.EnvRateLimit.Name, "0"},
 		{producer.EnvRateLimit.Name, "fast"}, {producer.EnvRateBurst.Name, "-5"}, {producer.EnvMaxInFlight.Name, "0"},

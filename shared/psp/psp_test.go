@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tooling/pspserver"
@@ -348,29 +347,16 @@ func TestParseAmount(t *testing.T) {
 
 func TestCommandRefusesBadFlags(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{
-		{"--decline-rate", "1.5"},
-		{"--error-rate", "-0.1"},
-		{"--timeout-rate", "NaN"},
-		{"--decline-rate", "0.6", "--error-rate", "0.6"},
-		{"--latency", "-1s"},
-		{"--hang", "-1s"},
-		{"--addr", "nonsense"},
-		{"extra-argument"},
-	} {
-		cmd := pspserver.Command()
-		fs := flag.NewFlagSet("psp", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		cmd.Setup(fs)
-		if err := fs.Parse(args); err != nil {
-			continue // the flag package refused it: also a usage error
-		}
-		err := cmd.Run(t.Context(), cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: io.Discard, Stderr: io.Discard, Config: config.Config{}})
-		var ue cli.UsageError
-		if !errors.As(err, &ue) {
-			t.Errorf("psp %v: err = %v, want a usage error", args, err)
-		}
-	}
+	testenv.WantUsageErrors(t, pspserver.Command(), config.Config{},
+		[]string{"--decline-rate", "1.5"},
+		[]string{"--error-rate", "-0.1"},
+		[]string{"--timeout-rate", "NaN"},
+		[]string{"--decline-rate", "0.6", "--error-rate", "0.6"},
+		[]string{"--latency", "-1s"},
+		[]string{"--hang", "-1s"},
+		[]string{"--addr", "nonsense"},
+		[]string{"extra-argument"},
+	)
 	for _, args := range [][]string{{"--latency", "soon"}, {"--seed", "-1"}, {"--nope"}} {
 		cmd := pspserver.Command()
 		fs := flag.NewFlagSet("psp", flag.ContinueOnError)

@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"io"
 	"net"
@@ -44,6 +45,19 @@ func RunCommand(ctx context.Context, cmd cli.Command, cfg config.Config, stdout,
 		return cli.Usagef("%v", err)
 	}
 	return cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: stdout, Stderr: stderr, Config: cfg})
+}
+
+// WantUsageErrors runs cmd with each argument list, as RunCommand does on
+// cfg, and fails the test for each list the command does not refuse with a
+// cli.UsageError: the one check of a command's malformed command lines.
+func WantUsageErrors(t testing.TB, cmd cli.Command, cfg config.Config, argLists ...[]string) {
+	t.Helper()
+	for _, args := range argLists {
+		var ue cli.UsageError
+		if err := RunCommand(t.Context(), cmd, cfg, nil, nil, args...); !errors.As(err, &ue) {
+			t.Errorf("%s %q: %v, want a usage error", cmd.Name, args, err)
+		}
+	}
 }
 
 // Buffer is a bytes.Buffer that several goroutines may write and read at
