@@ -103,12 +103,7 @@ func TestDaemonServesHealthAndMetricsAndStops(t *testing.T) {
 		t.Fatalf("/healthz %d", code)
 	}
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the daemon did not stop")
+	if err := testenv.Receive(t, done, 15*time.Second, "the daemon to stop"); err != nil {
+		t.Fatal(err)
 	}
 }

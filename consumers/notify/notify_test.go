@@ -62,11 +62,7 @@ func handle(t *testing.T, pool *pgxpool.Pool, ev orderevent.Event) (bool, error)
 
 func move(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, from, to order.Status, reason string) {
 	t.Helper()
-	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		_, err := orderstore.Transition(t.Context(), tx, id, from, to, reason)
-		return err
-	})
-	if err != nil {
+	if err := testenv.Move(t.Context(), pool, id, from, to, reason); err != nil {
 		t.Fatal(err)
 	}
 }

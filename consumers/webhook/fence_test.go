@@ -51,7 +51,7 @@ func heldSend(t *testing.T, lease time.Duration) (f fixture, rc *holdFirst, srv 
 	a.Lease, a.PerClient = lease, 1
 	stopA = startWorker(t, a)
 	t.Cleanup(func() { closeOnce(rc.release) })
-	waitClosed(t, rc.held, "worker A's request at the receiver")
+	testenv.Receive(t, rc.held, 30*time.Second, "worker A's request at the receiver")
 	return f, rc, srv, ids, stopA
 }
 
@@ -124,15 +124,6 @@ func countAttempts(t *testing.T, f fixture, id string) int {
 		t.Fatal(err)
 	}
 	return n
-}
-
-func waitClosed(t *testing.T, c chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-c:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no %s within 30s", what)
-	}
 }
 
 func closeOnce(c chan struct{}) {

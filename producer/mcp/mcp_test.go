@@ -227,7 +227,7 @@ func (h *harness) wantOrders(want int) {
 
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
 	h.t.Helper()
-	if err := testenv.Move(h.t.Context(), h.pool, id, from, to); err != nil {
+	if err := testenv.Move(h.t.Context(), h.pool, id, from, to, ""); err != nil {
 		h.t.Error(err)
 	}
 }

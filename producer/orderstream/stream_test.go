@@ -89,7 +89,7 @@ func (h *harness) newOrder() order.Order {
 // another process would.
 func (h *harness) move(id uuid.UUID, from, to order.Status) {
 	h.t.Helper()
-	if err := testenv.Move(h.t.Context(), h.pool, id, from, to); err != nil {
+	if err := testenv.Move(h.t.Context(), h.pool, id, from, to, ""); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -186,11 +186,7 @@ func (s *stream) next(t *testing.T) orderstream.Event {
 
 func (s *stream) waitEnd(t *testing.T) {
 	t.Helper()
-	select {
-	case <-s.ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stream did not end")
-	}
+	testenv.Receive(t, s.ended, 10*time.Second, "the stream to end")
 	select {
 	case e := <-s.events:
 		t.Fatalf("unexpected event %+v", e)

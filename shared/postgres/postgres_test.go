@@ -59,27 +59,13 @@ func migrationFiles(t *testing.T) map[int64]string {
 // tables lists the user tables of the public schema, without goose's own.
 func tables(t *testing.T, pool *pgxpool.Pool) []string {
 	t.Helper()
-	return column[string](t, pool, `SELECT tablename FROM pg_tables
+	return testenv.Column[string](t, pool, `SELECT tablename FROM pg_tables
 		WHERE schemaname = 'public' AND tablename <> 'goose_db_version' ORDER BY 1`)
 }
 
 func appliedVersions(t *testing.T, pool *pgxpool.Pool) []int64 {
 	t.Helper()
-	return column[int64](t, pool, `SELECT version_id FROM goose_db_version WHERE version_id > 0 AND is_applied ORDER BY id`)
-}
-
-// column returns the one column that the query sql selects, every row.
-func column[T any](t *testing.T, pool *pgxpool.Pool, sql string) []T {
-	t.Helper()
-	rows, err := pool.Query(ctxT(t), sql)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := pgx.CollectRows(rows, pgx.RowTo[T])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return testenv.Column[int64](t, pool, `SELECT version_id FROM goose_db_version WHERE version_id > 0 AND is_applied ORDER BY id`)
 }
 
 func status(t *testing.T, m *postgres.Migrator) string {

@@ -205,13 +205,8 @@ func TestRunWithoutPartsStopsOnCancel(t *testing.T) {
 	pgPid = atoiFirstLine(t, b)
 
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run after cancel: %v", err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("Run did not return within a minute of its context ending")
+	if err := testenv.Receive(t, done, time.Minute, "Run to return after its context ended"); err != nil {
+		t.Fatalf("Run after cancel: %v", err)
 	}
 	if !processGone(pgPid) {
 		t.Fatalf("postgres %d still running after dev returned", pgPid)
