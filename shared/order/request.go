@@ -6,12 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"orderpipe/shared/callbackurl"
 )
@@ -101,10 +101,25 @@ type DecodeOptions struct {
 	HasIdempotencyKey bool
 }
 
-// Members of a request body and of an item line.
+// Members of a request body and of an item line, by their position in
+// what decodeObject returns.
 var (
 	requestMembers = []string{"request_id", "user_id", "items", "amount", "currency", "callback_url"}
 	itemMembers    = []string{"sku", "quantity"}
+)
+
+const (
+	mRequestID = iota
+	mUserID
+	mItems
+	mAmount
+	mCurrency
+	mCallbackURL
+)
+
+const (
+	mSKU = iota
+	mQuantity
 )
 
 // DecodeCreateRequest parses and validates a create-order body (a JSON
@@ -120,7 +135,7 @@ func DecodeCreateRequest(body []byte, opts DecodeOptions) (CreateRequest, error)
 	var req CreateRequest
 
 	// request_id, from the body and/or the Idempotency-Key header.
-	bodyID, hasBodyID := decodeString(&ve, "request_id", w["request_id"])
+	bodyID, hasBodyID := decodeString(&ve, "request_id", w[mRequestID])
 	if hasBodyID {
 		if err := ValidateRequestID(bodyID); err != nil {
 			ve.add("request_id", "%v", err)
@@ -138,31 +153,31 @@ func DecodeCreateRequest(body []byte, opts DecodeOptions) (CreateRequest, error)
 		req.RequestID = bodyID
 	case opts.HasIdempotencyKey:
 		req.RequestID = opts.IdempotencyKey
-	case isAbsent(w["request_id"]):
+	case isAbsent(w[mRequestID]):
 		ve.add("request_id", "is required (in the body or as the Idempotency-Key header)")
 	}
 
 	// user_id: a positive 64-bit integer.
-	if isAbsent(w["user_id"]) {
+	if isAbsent(w[mUserID]) {
 		ve.add("user_id", "is required")
-	} else if n, ok := decodeInt(w["user_id"]); !ok || n <= 0 {
+	} else if n, ok := decodeInt(w[mUserID]); !ok || n <= 0 {
 		ve.add("user_id", "must be a positive integer (at most %d)", int64(1<<63-1))
 	} else {
 		req.UserID = n
 	}
 
-	req.Items = decodeItems(&ve, w["items"])
+	req.Items = decodeItems(&ve, w[mItems])
 
-	if isAbsent(w["amount"]) {
+	if isAbsent(w[mAmount]) {
 		ve.add("amount", "is required")
-	} else if a, err := amountFromJSON(w["amount"]); err != nil {
+	} else if a, err := amountFromJSON(w[mAmount]); err != nil {
 		ve.add("amount", "%v", err)
 	} else {
 		req.Amount = a
 	}
 
-	if cur, ok := decodeString(&ve, "currency", w["currency"]); !ok {
-		if isAbsent(w["currency"]) {
+	if cur, ok := decodeString(&ve, "currency", w[mCurrency]); !ok {
+		if isAbsent(w[mCurrency]) {
 			ve.add("currency", "is required")
 		}
 	} else if minor, known := CurrencyMinorUnits(cur); !known {
@@ -174,7 +189,7 @@ func DecodeCreateRequest(body []byte, opts DecodeOptions) (CreateRequest, error)
 		}
 	}
 
-	if u, ok := decodeString(&ve, "callback_url", w["callback_url"]); ok && u != "" {
+	if u, ok := decodeString(&ve, "callback_url", w[mCallbackURL]); ok && u != "" {
 		if err := ValidateCallbackURL(u, opts.AllowPrivateCallbacks); err != nil {
 			ve.add("callback_url", "%v", err)
 		} else {
@@ -190,56 +205,165 @@ func DecodeCreateRequest(body []byte, opts DecodeOptions) (CreateRequest, error)
 
 // decodeObject reads exactly one JSON object whose member names are all in
 // allowed (matched exactly, case included), each at most once, and returns
-// the raw members. Trailing data is refused.
-func decodeObject(data []byte, allowed []string) (map[string]json.RawMessage, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, describeJSONError(err)
+// the raw members by their position in allowed (nil: not given). Trailing
+// data is refused.
+//
+// encoding/json checks the syntax (json.Valid, which allocates nothing);
+// the members of the object it accepted are then found by skipping over
+// valid JSON (jsonMembers). json.Decoder's token API did the same work
+// about ten times slower, most of it in building an error for the end of
+// every value.
+func decodeObject(data []byte, allowed []string) ([]json.RawMessage, error) {
+	if !json.Valid(data) {
+		return nil, describeInvalidJSON(data)
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
+	i := skipSpace(data, 0)
+	if data[i] != '{' {
 		return nil, errors.New("must be a JSON object")
 	}
-	out := make(map[string]json.RawMessage, len(allowed))
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, describeJSONError(err)
+	out := make([]json.RawMessage, len(allowed))
+	err := jsonMembers(data, i, func(rawName, value []byte) error {
+		inner := rawName[1 : len(rawName)-1]
+		k := slices.IndexFunc(allowed, func(a string) bool { return string(inner) == a })
+		if k < 0 {
+			// The name may be written with escapes ("request\u005fid").
+			name := unquote(rawName)
+			if k = slices.Index(allowed, name); k < 0 {
+				return fmt.Errorf("has an unknown field %q (known: %s)", name, strings.Join(allowed, ", "))
+			}
 		}
-		name, _ := tok.(string) // object keys are always strings
-		if !slices.Contains(allowed, name) {
-			return nil, fmt.Errorf("has an unknown field %q (known: %s)", name, strings.Join(allowed, ", "))
+		if out[k] != nil {
+			return fmt.Errorf("has the field %q twice", allowed[k])
 		}
-		if _, dup := out[name]; dup {
-			return nil, fmt.Errorf("has the field %q twice", name)
-		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, describeJSONError(err)
-		}
-		out[name] = raw
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return nil, describeJSONError(err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("has unexpected data after the JSON object")
+		out[k] = value
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
-func describeJSONError(err error) error {
+// describeInvalidJSON says what is wrong with a body that json.Valid
+// refused.
+func describeInvalidJSON(data []byte) error {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return errors.New("is empty; want a JSON object")
+	}
+	err := json.Unmarshal(data, new(json.RawMessage))
 	var syn *json.SyntaxError
 	switch {
-	case errors.Is(err, io.EOF):
-		return errors.New("is empty; want a JSON object")
-	case errors.Is(err, io.ErrUnexpectedEOF):
+	case errors.As(err, &syn) && syn.Offset >= int64(len(data)) && strings.Contains(syn.Error(), "end of JSON input"):
 		return errors.New("is truncated JSON")
 	case errors.As(err, &syn):
 		return fmt.Errorf("is not valid JSON (at byte %d): %w", syn.Offset, syn)
+	case err != nil:
+		return fmt.Errorf("is not valid JSON: %w", err)
 	}
-	return fmt.Errorf("is not valid JSON: %w", err)
+	return errors.New("is not valid JSON")
+}
+
+// The functions below walk JSON that json.Valid accepted; they do not
+// check syntax and must not be given anything else.
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON white space.
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index just past the string that starts at the
+// quote data[i].
+func skipString(data []byte, i int) int {
+	for i++; i < len(data); i++ {
+		switch data[i] {
+		case '\\':
+			i++ // the escaped byte cannot end the string
+		case '"':
+			return i + 1
+		}
+	}
+	return i
+}
+
+// skipValue returns the index just past the value that starts at data[i].
+func skipValue(data []byte, i int) int {
+	switch data[i] {
+	case '"':
+		return skipString(data, i)
+	case '{', '[':
+		depth := 0
+		for i < len(data) {
+			switch data[i] {
+			case '"':
+				i = skipString(data, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
+	}
+	// A number, true, false or null: up to the next delimiter.
+	for i < len(data) && !strings.ContainsRune(",}] \t\n\r", rune(data[i])) {
+		i++
+	}
+	return i
+}
+
+// jsonMembers calls f with the quoted name and the raw value of each
+// member of the object that starts at data[i] ('{'), in order, and stops
+// at f's first error.
+func jsonMembers(data []byte, i int, f func(rawName, value []byte) error) error {
+	i = skipSpace(data, i+1)
+	for data[i] != '}' {
+		end := skipString(data, i)
+		name := data[i:end]
+		i = skipSpace(data, skipSpace(data, end)+1) // past the colon
+		end = skipValue(data, i)
+		if err := f(name, data[i:end]); err != nil {
+			return err
+		}
+		if i = skipSpace(data, end); data[i] == ',' {
+			i = skipSpace(data, i+1)
+		}
+	}
+	return nil
+}
+
+// jsonElements returns the raw elements of the array that starts at
+// data[i] ('[').
+func jsonElements(data []byte, i int) []json.RawMessage {
+	var out []json.RawMessage
+	i = skipSpace(data, i+1)
+	for data[i] != ']' {
+		end := skipValue(data, i)
+		out = append(out, data[i:end])
+		if i = skipSpace(data, end); data[i] == ',' {
+			i = skipSpace(data, i+1)
+		}
+	}
+	return out
+}
+
+// unquote returns the text of a valid JSON string literal, as
+// encoding/json decodes it (invalid UTF-8 becomes U+FFFD).
+func unquote(raw []byte) string {
+	if inner := raw[1 : len(raw)-1]; bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+		return string(inner) // nothing to decode: json.Valid refused control characters
+	}
+	var s string
+	_ = json.Unmarshal(raw, &s) // cannot fail: raw is a valid string literal
+	return s
 }
 
 // isAbsent reports whether a raw member was missing or null.
@@ -253,12 +377,11 @@ func decodeString(ve *ValidationError, field string, raw json.RawMessage) (strin
 	if isAbsent(raw) {
 		return "", false
 	}
-	var s string
-	if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+	if raw[0] != '"' {
 		ve.add(field, "must be a string")
 		return "", false
 	}
-	return s, true
+	return unquote(raw), true
 }
 
 // decodeInt reads a JSON number that is an integer in int64 range, without
@@ -273,16 +396,21 @@ func decodeInt(raw json.RawMessage) (int64, bool) {
 	return n, err == nil
 }
 
+// itemField is the JSON path of line i of items, or of its member sub.
+func itemField(i int, sub string) string {
+	return "items[" + strconv.Itoa(i) + "]" + sub
+}
+
 func decodeItems(ve *ValidationError, raw json.RawMessage) []Item {
 	if isAbsent(raw) {
 		ve.add("items", "is required: 1 to %d lines", MaxItems)
 		return nil
 	}
-	var lines []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &lines) != nil {
+	if raw[0] != '[' {
 		ve.add("items", "must be an array of {\"sku\", \"quantity\"} objects")
 		return nil
 	}
+	lines := jsonElements(raw, 0)
 	if len(lines) == 0 || len(lines) > MaxItems {
 		ve.add("items", "must have 1 to %d lines, got %d", MaxItems, len(lines))
 		return nil
@@ -290,33 +418,32 @@ func decodeItems(ve *ValidationError, raw json.RawMessage) []Item {
 	items := make([]Item, 0, len(lines))
 	seen := make(map[string]int, len(lines))
 	for i, line := range lines {
-		field := fmt.Sprintf("items[%d]", i)
-		if isAbsent(line) || line[0] != '{' {
-			ve.add(field, "must be an object {\"sku\", \"quantity\"}")
+		if line[0] != '{' {
+			ve.add(itemField(i, ""), "must be an object {\"sku\", \"quantity\"}")
 			continue
 		}
 		wi, err := decodeObject(line, itemMembers)
 		if err != nil {
-			ve.add(field, "%v", err)
+			ve.add(itemField(i, ""), "%v", err)
 			continue
 		}
 		var it Item
-		if sku, ok := decodeString(ve, field+".sku", wi["sku"]); ok {
-			if !skuRe.MatchString(sku) {
-				ve.add(field+".sku", "must be 1-%d characters of A-Z a-z 0-9 . _ -", MaxSKULen)
-			} else if j, dup := seen[sku]; dup {
-				ve.add(field+".sku", "repeats items[%d]; put the whole quantity on one line", j)
-			} else {
-				seen[sku] = i
-				it.SKU = sku
-			}
-		} else if isAbsent(wi["sku"]) {
-			ve.add(field+".sku", "is required")
+		if raw := wi[mSKU]; !isAbsent(raw) && raw[0] != '"' {
+			ve.add(itemField(i, ".sku"), "must be a string")
+		} else if isAbsent(raw) {
+			ve.add(itemField(i, ".sku"), "is required")
+		} else if sku := unquote(raw); !skuRe.MatchString(sku) {
+			ve.add(itemField(i, ".sku"), "must be 1-%d characters of A-Z a-z 0-9 . _ -", MaxSKULen)
+		} else if j, dup := seen[sku]; dup {
+			ve.add(itemField(i, ".sku"), "repeats items[%d]; put the whole quantity on one line", j)
+		} else {
+			seen[sku] = i
+			it.SKU = sku
 		}
-		if isAbsent(wi["quantity"]) {
-			ve.add(field+".quantity", "is required")
-		} else if q, ok := decodeInt(wi["quantity"]); !ok || q < 1 || q > MaxQuantity {
-			ve.add(field+".quantity", "must be an integer from 1 to %d", MaxQuantity)
+		if isAbsent(wi[mQuantity]) {
+			ve.add(itemField(i, ".quantity"), "is required")
+		} else if q, ok := decodeInt(wi[mQuantity]); !ok || q < 1 || q > MaxQuantity {
+			ve.add(itemField(i, ".quantity"), "must be an integer from 1 to %d", MaxQuantity)
 		} else {
 			it.Quantity = int(q)
 		}
@@ -408,11 +535,10 @@ func (a *Amount) UnmarshalJSON(b []byte) error {
 
 func amountFromJSON(raw json.RawMessage) (Amount, error) {
 	if len(raw) > 0 && raw[0] == '"' {
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
+		if !json.Valid(raw) {
 			return Amount{}, errors.New("must be a decimal string or a JSON number")
 		}
-		return ParseAmount(s)
+		return ParseAmount(unquote(raw))
 	}
 	if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) || !json.Valid(raw) {
 		return Amount{}, errors.New("must be a decimal string like \"39.98\" or a JSON number")

@@ -25,6 +25,47 @@ func TestDecodeCreateRequestGood(t *testing.T) {
 	}
 }
 
+// TestDecodeReadsEverySpellingOfABody: the same request written with
+// white space everywhere, escapes in member names and values, and members
+// in another order decodes to the same request; a name spelled twice, once
+// with escapes, is still a duplicate; brackets and quotes inside strings
+// do not end a value early.
+func TestDecodeReadsEverySpellingOfABody(t *testing.T) {
+	t.Parallel()
+	want, err := DecodeCreateRequest([]byte(goodBody), DecodeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spelled := " \t\r\n{ \"currency\" : \"C\\u004eY\" ,\n \"items\":[ { \"quantity\" : 2 , \"s\\u006bu\":\"SKU-1\" } ] ," +
+		"\"amount\":\"39.98\",\"callback_url\":\"https:\\/\\/shop.example\\/hooks\\/orders\",\"user\\u005fid\": 42 ," +
+		"\"request_id\" :\"ORD20261202143022a3f9c1\" } \n"
+	got, err := DecodeCreateRequest([]byte(spelled), DecodeOptions{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, spelled)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) || !bytes.Equal(got.Fingerprint(), want.Fingerprint()) {
+		t.Fatalf("got %+v\nwant %+v", got, want)
+	}
+
+	cases := map[string]struct{ body, field, says string }{
+		"escaped duplicate":    {strings.Replace(goodBody, `"user_id":42`, `"user_id":42,"user\u005fid":42`, 1), "body", `has the field "user_id" twice`},
+		"escaped unknown":      {strings.Replace(goodBody, `{`, `{"co\u0075pon":"x",`, 1), "body", `has an unknown field "coupon"`},
+		"brackets in a string": {strings.Replace(goodBody, `"amount":"39.98"`, `"amount":"]}\"{[,"`, 1), "amount", "decimal"},
+		"empty":                {" \n ", "body", "is empty"},
+		"truncated":            {goodBody[:40], "body", "is truncated JSON"},
+		"syntax":               {`{"user_id":42,}`, "body", "is not valid JSON (at byte 15)"},
+		"trailing":             {goodBody + ` x`, "body", "is not valid JSON"},
+		"not an object":        {`[1,2]`, "body", "must be a JSON object"},
+	}
+	for name, c := range cases {
+		_, err := DecodeCreateRequest([]byte(c.body), DecodeOptions{})
+		var ve *ValidationError
+		if !errors.As(err, &ve) || len(ve.Fields) != 1 || ve.Fields[0].Field != c.field || !strings.Contains(ve.Fields[0].Message, c.says) {
+			t.Errorf("%s: got %v, want %s: …%s…", name, err, c.field, c.says)
+		}
+	}
+}
+
 func TestAmounts(t *testing.T) {
 	t.Parallel()
 	good := map[string]string{
