@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -141,6 +142,11 @@ func TestAgainstARealStack(t *testing.T) {
 	checkRun(t, r.Runs[0], "intake")
 	if r.Runs[0].OrdersInDB != r.Runs[0].OK || r.Runs[0].Concurrency != 4 {
 		t.Fatalf("intake: %d accepted, %d orders in the database", r.Runs[0].OK, r.Runs[0].OrdersInDB)
+	}
+	// The stack runs in this process; its PostgreSQL is a process of its own.
+	if c := r.Runs[0].CPU; runtime.GOOS == "linux" && (c == nil || c.ByGroup[CPULoadGenerator] <= 0 || c.ByGroup[CPUPostgres] <= 0 ||
+		c.PerOK["machine"] <= 0 || c.Busy < c.ByGroup[CPULoadGenerator] || !strings.Contains(stdout, "cpu: machine")) {
+		t.Fatalf("intake: want the processor time of the load generator and of PostgreSQL, got %+v\n%s", c, stdout)
 	}
 
 	// Open-loop: 20 orders a second for 2 s are 40 orders, sent on schedule.

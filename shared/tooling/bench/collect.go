@@ -43,6 +43,9 @@ type Measurement struct {
 	OrdersInDB int64 `json:"orders_in_db"`
 	// Extra holds per-kind facts (replay: users, created, replayed).
 	Extra map[string]int64 `json:"extra,omitempty"`
+	// CPU is the machine's processor time during the run, by process
+	// group (Linux only).
+	CPU *CPU `json:"cpu,omitempty"`
 }
 
 // Latency is a summary of latencies in milliseconds.
@@ -97,6 +100,7 @@ type second struct {
 // every result first (on the collecting goroutine).
 func collect(kind string, concurrency int, results <-chan *vegeta.Result, progress io.Writer, each func(*vegeta.Result)) Measurement {
 	r := Measurement{Kind: kind, Concurrency: concurrency, StatusCodes: map[string]int{}, OrdersInDB: -1}
+	cpu0, haveCPU := readCPU()
 	var (
 		lat          vegeta.LatencyMetrics
 		secs         []*second
@@ -164,6 +168,9 @@ func collect(kind string, concurrency int, results <-chan *vegeta.Result, progre
 		}
 	}
 done:
+	if cpu1, ok := readCPU(); haveCPU && ok {
+		r.CPU = since(cpu0, cpu1, time.Since(began).Seconds(), r.OK)
+	}
 	if r.Requests > 0 {
 		r.Seconds = last.Sub(first).Seconds()
 		if r.Seconds > 0 {

@@ -221,6 +221,9 @@ func printSummary(w io.Writer, res *Result) {
 		}
 		fmt.Fprintf(w, "%-18s %9d %9.1f %8d %5d %9.2f %8.2f %8.2f %8.2f %8.2f\n", name, r.Requests, r.Throughput, r.Non2xx, r.Duplicates,
 			r.Latency.Mean, r.Latency.P50, r.Latency.P95, r.Latency.P99, r.Latency.Max)
+		if r.CPU != nil {
+			fmt.Fprintf(w, "  %s\n", r.CPU)
+		}
 		if r.Kind == "replay" {
 			fmt.Fprintf(w, "  replay: %d users × %d requests: %d created, %d replayed, %d retries of shed requests; %d found by request_id; orders in the database: %s\n",
 				r.Extra["users"], r.Extra["requests_per_user"], r.Extra["created"], r.Extra["replayed"], r.Extra["retries"], r.Extra["found_by_request_id"], dbCount(r.OrdersInDB))
