@@ -116,7 +116,7 @@ func runBaseline(ctx context.Context, s Settings, progress io.Writer, round int)
 		wg.Wait()
 		close(results)
 	}()
-	run = collect("baseline", s.Concurrency, results, progress, nil)
+	run = collect("baseline", s.Concurrency, pool, results, progress, nil)
 	run.Round = round
 	if ctx.Err() != nil {
 		return run, ctx.Err()

@@ -148,6 +148,9 @@ func TestAgainstARealStack(t *testing.T) {
 		c.PerOK["machine"] <= 0 || c.Busy < c.ByGroup[CPULoadGenerator] || !strings.Contains(stdout, "cpu: machine")) {
 		t.Fatalf("intake: want the processor time of the load generator and of PostgreSQL, got %+v\n%s", c, stdout)
 	}
+	if r.Runs[0].DB == nil || r.Runs[0].DB.PerOK == nil || !strings.Contains(stdout, "database: ") {
+		t.Fatalf("intake: want the database's activity, got %+v\n%s", r.Runs[0].DB, stdout)
+	}
 
 	// Open-loop: 20 orders a second for 2 s are 40 orders, sent on schedule.
 	out = filepath.Join(t.TempDir(), "intake-rate")

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
@@ -46,6 +47,9 @@ type Measurement struct {
 	// CPU is the machine's processor time during the run, by process
 	// group (Linux only).
 	CPU *CPU `json:"cpu,omitempty"`
+	// DB is what the stack's database did during the run (with a
+	// database URL).
+	DB *DBActivity `json:"database,omitempty"`
 }
 
 // Latency is a summary of latencies in milliseconds.
@@ -96,11 +100,13 @@ type second struct {
 }
 
 // collect reads results until the channel closes, printing a progress
-// line per second to progress, and summarises them. each, when set, sees
-// every result first (on the collecting goroutine).
-func collect(kind string, concurrency int, results <-chan *vegeta.Result, progress io.Writer, each func(*vegeta.Result)) Measurement {
+// line per second to progress, and summarises them, with the machine's
+// processor time and (with a pool) the database's activity meanwhile.
+// each, when set, sees every result first (on the collecting goroutine).
+func collect(kind string, concurrency int, pool *pgxpool.Pool, results <-chan *vegeta.Result, progress io.Writer, each func(*vegeta.Result)) Measurement {
 	r := Measurement{Kind: kind, Concurrency: concurrency, StatusCodes: map[string]int{}, OrdersInDB: -1}
 	cpu0, haveCPU := readCPU()
+	db0, haveDB := readDB(pool)
 	var (
 		lat          vegeta.LatencyMetrics
 		secs         []*second
@@ -170,6 +176,9 @@ func collect(kind string, concurrency int, results <-chan *vegeta.Result, progre
 done:
 	if cpu1, ok := readCPU(); haveCPU && ok {
 		r.CPU = since(cpu0, cpu1, time.Since(began).Seconds(), r.OK)
+	}
+	if db1, ok := readDB(pool); haveDB && ok {
+		r.DB = activity(db0, db1, r.OK)
 	}
 	if r.Requests > 0 {
 		r.Seconds = last.Sub(first).Seconds()

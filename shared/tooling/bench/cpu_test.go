@@ -66,3 +66,23 @@ func TestCPUSince(t *testing.T) {
 		t.Errorf("no answers: per ok %v, want none", c.PerOK)
 	}
 }
+
+// TestDBActivity: the counters' differences, per ok answer, and none per
+// answer without answers.
+func TestDBActivity(t *testing.T) {
+	t.Parallel()
+	a := activity(dbReading{commits: 10, inserted: 5, updated: 7}, dbReading{commits: 310, rollbacks: 2, inserted: 905, updated: 307, deleted: 1}, 100)
+	if a.Commits != 300 || a.Rollbacks != 2 || a.Inserted != 900 || a.Updated != 300 || a.Deleted != 1 ||
+		a.PerOK["commits"] != 3 || a.PerOK["rows_inserted"] != 9 || a.PerOK["rows_updated"] != 3 || a.PerOK["rows_deleted"] != 0.01 {
+		t.Fatalf("activity: %+v", a)
+	}
+	if s := a.String(); !strings.Contains(s, "300 commits") || !strings.Contains(s, "per ok: 3.00 commits, rows 9.00 inserted") {
+		t.Errorf("summary %q", s)
+	}
+	if a := activity(dbReading{}, dbReading{commits: 1}, 0); a.PerOK != nil || strings.Contains(a.String(), "per ok") {
+		t.Errorf("no answers: %+v", a)
+	}
+	if _, ok := readDB(nil); ok {
+		t.Error("readDB without a pool: ok")
+	}
+}

@@ -132,7 +132,7 @@ func runIntake(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		byID   = map[string]string{} // order_id → request_id
 		dups   int64
 	)
-	run := collect("intake", s.Concurrency, attack(ctx, client, s.Concurrency, s.Rate, s.Duration, tr), progress, func(res *vegeta.Result) {
+	run := collect("intake", s.Concurrency, pool, attack(ctx, client, s.Concurrency, s.Rate, s.Duration, tr), progress, func(res *vegeta.Result) {
 		a, ok := parseAnswer(res.Body)
 		if !ok || res.Code/100 != 2 {
 			return
@@ -229,7 +229,7 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		created, replayed int64
 		orderOf           = map[string]map[string]bool{} // request_id → order_ids answered
 	)
-	run := collect("replay", senders, results, progress, func(res *vegeta.Result) {
+	run := collect("replay", senders, pool, results, progress, func(res *vegeta.Result) {
 		a, ok := parseAnswer(res.Body)
 		if !ok || res.Code/100 != 2 {
 			return

@@ -224,6 +224,9 @@ func printSummary(w io.Writer, res *Result) {
 		if r.CPU != nil {
 			fmt.Fprintf(w, "  %s\n", r.CPU)
 		}
+		if r.DB != nil {
+			fmt.Fprintf(w, "  %s\n", r.DB)
+		}
 		if r.Kind == "replay" {
 			fmt.Fprintf(w, "  replay: %d users × %d requests: %d created, %d replayed, %d retries of shed requests; %d found by request_id; orders in the database: %s\n",
 				r.Extra["users"], r.Extra["requests_per_user"], r.Extra["created"], r.Extra["replayed"], r.Extra["retries"], r.Extra["found_by_request_id"], dbCount(r.OrdersInDB))
