@@ -250,17 +250,16 @@ func describeInvalidJSON(data []byte) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return errors.New("is empty; want a JSON object")
 	}
-	err := json.Unmarshal(data, new(json.RawMessage))
+	// json.Unmarshal reports where the syntax breaks; "unexpected end of
+	// JSON input" is its word for a body cut short.
 	var syn *json.SyntaxError
-	switch {
-	case errors.As(err, &syn) && syn.Offset >= int64(len(data)) && strings.Contains(syn.Error(), "end of JSON input"):
-		return errors.New("is truncated JSON")
-	case errors.As(err, &syn):
-		return fmt.Errorf("is not valid JSON (at byte %d): %w", syn.Offset, syn)
-	case err != nil:
-		return fmt.Errorf("is not valid JSON: %w", err)
+	if !errors.As(json.Unmarshal(data, new(json.RawMessage)), &syn) {
+		return errors.New("is not valid JSON")
 	}
-	return errors.New("is not valid JSON")
+	if strings.Contains(syn.Error(), "end of JSON input") {
+		return errors.New("is truncated JSON")
+	}
+	return fmt.Errorf("is not valid JSON (at byte %d): %w", syn.Offset, syn)
 }
 
 // The functions below walk JSON that json.Valid accepted; they do not
@@ -428,17 +427,18 @@ func decodeItems(ve *ValidationError, raw json.RawMessage) []Item {
 			continue
 		}
 		var it Item
-		if raw := wi[mSKU]; !isAbsent(raw) && raw[0] != '"' {
-			ve.add(itemField(i, ".sku"), "must be a string")
-		} else if isAbsent(raw) {
-			ve.add(itemField(i, ".sku"), "is required")
-		} else if sku := unquote(raw); !skuRe.MatchString(sku) {
-			ve.add(itemField(i, ".sku"), "must be 1-%d characters of A-Z a-z 0-9 . _ -", MaxSKULen)
-		} else if j, dup := seen[sku]; dup {
-			ve.add(itemField(i, ".sku"), "repeats items[%d]; put the whole quantity on one line", j)
-		} else {
-			seen[sku] = i
-			it.SKU = sku
+		skuField := itemField(i, ".sku")
+		if sku, ok := decodeString(ve, skuField, wi[mSKU]); ok {
+			if !skuRe.MatchString(sku) {
+				ve.add(skuField, "must be 1-%d characters of A-Z a-z 0-9 . _ -", MaxSKULen)
+			} else if j, dup := seen[sku]; dup {
+				ve.add(skuField, "repeats items[%d]; put the whole quantity on one line", j)
+			} else {
+				seen[sku] = i
+				it.SKU = sku
+			}
+		} else if isAbsent(wi[mSKU]) {
+			ve.add(skuField, "is required")
 		}
 		if isAbsent(wi[mQuantity]) {
 			ve.add(itemField(i, ".quantity"), "is required")
