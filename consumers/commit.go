@@ -129,9 +129,15 @@ func (c *committer) published(batch []*commitJob, fresh []bool, ids []int64) {
 	}
 	var acked outbox.Acked
 	if after == nil {
-		c.p.observeMoves(ctx, ids)
-		var err error
-		if acked, err = c.p.relay.PublishIDs(ctx, ids...); err != nil {
+		// One read serves the metrics and the publish: the rows go out
+		// from memory. It happens with the broker down too, so that the
+		// metrics count every move.
+		rows, err := c.p.relay.ReadPending(ctx, ids...)
+		if err == nil {
+			observeMoves(rows)
+			acked, err = c.p.relay.PublishRows(ctx, rows)
+		}
+		if err != nil {
 			// Committed: the relay publishes the pending rows later.
 			Logger(ctx).WarnContext(ctx, "inline publish after commit; the relay will retry", slog.Any("error", err), slog.Int("events", len(ids)))
 		}

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"orderpipe/consumers"
 	"orderpipe/consumers/pipetest"
@@ -20,6 +22,9 @@ import (
 // TestMain runs the tests, or, in a child that a fault test started, the
 // consumers command (testenv.MainWith).
 func TestMain(m *testing.M) { testenv.MainWith(m, consumers.Command()) }
+
+// started is when this test binary started: no order of its tests is older.
+var started = time.Now()
 
 func TestHappyPathAndRejection(t *testing.T) {
 	t.Parallel()
@@ -55,6 +60,16 @@ func TestHappyPathAndRejection(t *testing.T) {
 		if c.v < 1 {
 			t.Errorf("metric %s = %v, want at least 1", c.name, c.v)
 		}
+	}
+	// The time from acceptance to confirmed is observed, and is a time
+	// this process's tests took (other tests run beside this one), not
+	// one read off a wrong clock.
+	var d dto.Metric
+	if err := metrics.StageSeconds.WithLabelValues("confirmed").(prometheus.Histogram).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if n, sum := d.GetHistogram().GetSampleCount(), d.GetHistogram().GetSampleSum(); n < 1 || sum <= 0 || sum/float64(n) > time.Since(started).Seconds() {
+		t.Errorf("acceptance → confirmed: %d observations, %.3f s in all; want at least one, each under %s", n, sum, time.Since(started))
 	}
 }
 

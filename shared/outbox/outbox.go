@@ -259,14 +259,12 @@ func (r *Relay) Publish(ctx context.Context, ids ...int64) error {
 	return err
 }
 
-// PublishIDs publishes the given rows if they are still pending, as
-// PublishRows does, and returns what the broker acknowledged, for Stamp:
-// a caller that need not wait for the stamp (a pipeline step's batch,
-// whose messages are settled first) stamps after. The rows are read, not
-// claimed (the inline path runs right after their commit, long before a
-// relay takes them at MinAge; should one do so, the broker's duplicate
-// window drops the second copy), and a row a relay holds the lease of is
-// left to it.
+// PublishIDs publishes the given rows if they are still pending (as
+// ReadPending reads them), as PublishRows does, and returns what the
+// broker acknowledged, for Stamp: a caller that need not wait for the
+// stamp (a pipeline step's batch, whose messages are settled first)
+// stamps after. When the connection to NATS is down it returns at once,
+// without reading the rows.
 func (r *Relay) PublishIDs(ctx context.Context, ids ...int64) (Acked, error) {
 	if len(ids) == 0 {
 		return Acked{}, nil
@@ -275,18 +273,34 @@ func (r *Relay) PublishIDs(ctx context.Context, ids ...int64) (Acked, error) {
 	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
 		return Acked{}, fmt.Errorf("%w: not connected (%s); %d event(s) left to the relay", ErrBrokerUnavailable, nc.Status(), len(ids))
 	}
+	batch, err := r.ReadPending(ctx, ids...)
+	if err != nil {
+		return Acked{}, err
+	}
+	return r.PublishRows(ctx, batch)
+}
+
+// ReadPending reads the given rows that are still pending, in id order,
+// for PublishRows. They are read, not claimed (the inline path runs right
+// after their commit, long before a relay takes them at MinAge; should one
+// do so, the broker's duplicate window drops the second copy), and a row a
+// relay holds the lease of is left out: it is the relay's to publish.
+func (r *Relay) ReadPending(ctx context.Context, ids ...int64) ([]Row, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
 	rows, err := r.Pool.Query(ctx, `
-		SELECT id, msg_id, event, payload, headers FROM outbox
+		SELECT id, order_id, msg_id, event, payload, headers FROM outbox
 		WHERE id = ANY($1) AND published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
 		ORDER BY id`, ids)
 	if err != nil {
-		return Acked{}, fmt.Errorf("read pending outbox rows: %w", err)
+		return nil, fmt.Errorf("read pending outbox rows: %w", err)
 	}
 	batch, err := pgx.CollectRows(rows, scanRow)
 	if err != nil {
-		return Acked{}, fmt.Errorf("read pending outbox rows: %w", err)
+		return nil, fmt.Errorf("read pending outbox rows: %w", err)
 	}
-	return r.PublishRows(ctx, batch)
+	return batch, nil
 }
 
 // ErrBrokerUnavailable marks a publish that could not reach the broker.
@@ -301,7 +315,7 @@ const claimSQL = `
 	      WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now()) AND %s
 	      FOR UPDATE SKIP LOCKED) c
 	WHERE o.id = c.id
-	RETURNING o.id, o.msg_id, o.event, o.payload, o.headers`
+	RETURNING o.id, o.order_id, o.msg_id, o.event, o.payload, o.headers`
 
 func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...any) (int, error) {
 	rows, err := r.Pool.Query(ctx, fmt.Sprintf(claimSQL, r.Lease.Seconds(), where), args...)
@@ -327,10 +341,16 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 	return len(done), pubErr
 }
 
-// scanRow reads a row of "id, msg_id, event, payload, headers".
+// scanRow reads a row of "id, order_id, msg_id, event, payload, headers"
+// (order_id is NULL in rows written before it existed: the zero UUID).
 func scanRow(cr pgx.CollectableRow) (Row, error) {
 	var x Row
-	return x, cr.Scan(&x.ID, &x.MsgID, &x.Event, &x.Payload, &x.Headers)
+	var orderID *uuid.UUID
+	err := cr.Scan(&x.ID, &orderID, &x.MsgID, &x.Event, &x.Payload, &x.Headers)
+	if orderID != nil {
+		x.OrderID = *orderID
+	}
+	return x, err
 }
 
 // PublishRows publishes rows that the caller has just committed (the
