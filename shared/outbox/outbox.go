@@ -259,12 +259,12 @@ func (r *Relay) Publish(ctx context.Context, ids ...int64) error {
 	return err
 }
 
-// PublishIDs publishes the given rows if they are still pending (as
-// ReadPending reads them), as PublishRows does, and returns what the
-// broker acknowledged, for Stamp: a caller that need not wait for the
-// stamp (a pipeline step's batch, whose messages are settled first)
-// stamps after. When the connection to NATS is down it returns at once,
-// without reading the rows.
+// PublishIDs publishes the given rows if they are still pending:
+// ReadPending, then PublishRows. It returns what the broker acknowledged,
+// for Stamp (Publish does both). When the connection to NATS is down it
+// returns at once, without reading the rows. A caller that needs the rows
+// as well (a pipeline step's batch, for its metrics) calls ReadPending and
+// PublishRows itself.
 func (r *Relay) PublishIDs(ctx context.Context, ids ...int64) (Acked, error) {
 	if len(ids) == 0 {
 		return Acked{}, nil
