@@ -77,7 +77,7 @@ type Key struct {
 // GetByRequestIDs reads in one query the orders of clients[i] and
 // rids[i], for every i; a key without an order is absent from the map.
 func GetByRequestIDs(ctx context.Context, q postgres.DB, clients []uuid.UUID, rids []string) (map[Key]order.Order, error) {
-	rows, err := q.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE (client_id, request_id) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))`, clients, rids)
+	rows, err := q.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE (client_id, request_id) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))`, postgres.Replanned, clients, rids)
 	if err != nil {
 		return nil, fmt.Errorf("read orders by request_id: %w", err)
 	}

@@ -32,6 +32,18 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Replanned, passed as a statement's first argument, has PostgreSQL plan
+// the statement for its arguments at every run: pgx sends it as the
+// anonymous prepared statement, with its description cached, in one round
+// trip. Statements that look up a batch of keys (= ANY($1), a join with
+// unnest) in a table that grows use it. PostgreSQL may cache one plan for
+// a prepared statement after five runs, whatever its arguments; cached
+// while the table was nearly empty (a fresh deployment, every benchmark's
+// first minute), that plan scans the whole table and goes on doing so as
+// the table grows, until the next ANALYZE. Planning each run costs a
+// little processor time per statement, not per row.
+const Replanned = pgx.QueryExecModeCacheDescribe
+
 // Open creates a pool of pgx's default size and pings it, so a wrong URL
 // fails here and not at the first query.
 func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {

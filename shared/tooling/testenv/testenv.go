@@ -476,3 +476,32 @@ func Connect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Cleanup(nc.Close)
 	return nc, js
 }
+
+// OneConnection opens a pool of a single connection on db, closed when the
+// test ends: what it runs, one backend runs, whose statistics FullScanReads
+// can flush.
+func OneConnection(t testing.TB, db *Database) *pgxpool.Pool {
+	t.Helper()
+	pool, err := postgres.OpenSized(context.Background(), db.URL, 1)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// FullScanReads flushes the statistics of one (a OneConnection), waits
+// until table's counters in db show at least updated rows updated, and
+// returns how many rows full scans of table have read in all.
+func FullScanReads(t testing.TB, db *Database, one *pgxpool.Pool, table string, updated int64) int64 {
+	t.Helper()
+	if _, err := one.Exec(t.Context(), `SELECT pg_stat_force_next_flush()`); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	var upd, read int64
+	WaitFor(t, 30*time.Second, table+"'s counters in pg_stat_user_tables", func() bool {
+		err := db.Pool.QueryRow(t.Context(), `SELECT n_tup_upd, seq_tup_read FROM pg_stat_user_tables WHERE relname = $1`, table).Scan(&upd, &read)
+		return err == nil && upd >= updated
+	})
+	return read
+}
