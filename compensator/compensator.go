@@ -573,7 +573,7 @@ func (c *Compensator) unacknowledged(ctx context.Context, rs []redriven) (map[in
 	for i, r := range rs {
 		ids[i] = r.outboxID
 	}
-	rows, err := c.pool.Query(ctx, `SELECT id FROM outbox WHERE id = ANY($1) AND `+unleasedPending, postgres.Replanned, ids)
+	rows, err := c.pool.Query(ctx, `SELECT id FROM outbox WHERE id = ANY($1) AND `+unleasedPending, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read the re-drives' outbox rows: %w", err)
 	}

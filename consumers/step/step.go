@@ -37,7 +37,6 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
-	"orderpipe/shared/postgres"
 )
 
 // Message is one decoded delivery.
@@ -202,7 +201,7 @@ type Locked struct {
 // decides on statuses nobody can change under it. A missing order is
 // orderstore.ErrNotFound (a permanent error).
 func LockOrders(ctx context.Context, tx pgx.Tx, ms []Message) (map[uuid.UUID]Locked, error) {
-	rows, err := tx.Query(ctx, `SELECT order_id, status, items FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE`, postgres.Replanned, OrderIDs(ms))
+	rows, err := tx.Query(ctx, `SELECT order_id, status, items FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE`, OrderIDs(ms))
 	if err != nil {
 		return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
 	}

@@ -23,7 +23,6 @@ import (
 
 	"orderpipe/shared/callbackurl"
 	"orderpipe/shared/metrics"
-	"orderpipe/shared/postgres"
 	"orderpipe/shared/tracing"
 )
 
@@ -234,7 +233,7 @@ func (w *Worker) claim(ctx context.Context, free int, saturated []uuid.UUID) ([]
 			WHERE d.webhook_id = ANY($1) AND c.client_id = d.client_id
 			RETURNING d.webhook_id, d.order_id, d.seq, d.client_id, d.url, d.payload, d.status, d.attempts,
 				d.next_attempt_at, d.last_status_code, d.last_error, d.last_latency_ms, d.created_at, d.delivered_at,
-				c.webhook_secret, d.request_id, d.trace_context, d.lease_token`, postgres.Replanned, picked, w.Lease.Milliseconds())
+				c.webhook_secret, d.request_id, d.trace_context, d.lease_token`, picked, w.Lease.Milliseconds())
 		if err != nil {
 			return err
 		}

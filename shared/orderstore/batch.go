@@ -76,8 +76,12 @@ type Key struct {
 
 // GetByRequestIDs reads in one query the orders of clients[i] and
 // rids[i], for every i; a key without an order is absent from the map.
+// Each key is looked up through the (client_id, request_id) index, also
+// by a plan PostgreSQL cached while orders was nearly empty (see
+// postgres.DB).
 func GetByRequestIDs(ctx context.Context, q postgres.DB, clients []uuid.UUID, rids []string) (map[Key]order.Order, error) {
-	rows, err := q.Query(ctx, `SELECT `+orderColumns+` FROM orders WHERE (client_id, request_id) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))`, postgres.Replanned, clients, rids)
+	rows, err := q.Query(ctx, `SELECT o.* FROM unnest($1::uuid[], $2::text[]) AS k(client_id, request_id)
+		CROSS JOIN LATERAL (SELECT `+orderColumns+` FROM orders WHERE client_id = k.client_id AND request_id = k.request_id LIMIT 1) o`, clients, rids)
 	if err != nil {
 		return nil, fmt.Errorf("read orders by request_id: %w", err)
 	}

@@ -17,7 +17,6 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
-	"orderpipe/shared/postgres"
 )
 
 // Record writes the history row and the outbox event for an order that has
@@ -159,7 +158,7 @@ func TransitionMany(ctx context.Context, tx pgx.Tx, ms []Move) ([]Moved, error) 
 		UPDATE orders o SET status = v.to_status, reason = NULLIF(v.reason, ''), updated_at = now()
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS v(id, from_status, to_status, reason)
 		WHERE o.order_id = v.id AND o.status = v.from_status
-		RETURNING o.order_id, o.client_id, o.request_id`, postgres.Replanned, ids, froms, tos, reasons)
+		RETURNING o.order_id, o.client_id, o.request_id`, ids, froms, tos, reasons)
 	if err != nil {
 		return nil, fmt.Errorf("move %d order(s): %w", n, err)
 	}
@@ -188,7 +187,7 @@ func TransitionMany(ctx context.Context, tx pgx.Tx, ms []Move) ([]Moved, error) 
 				stay = append(stay, m.ID)
 			}
 		}
-		rows, err := tx.Query(ctx, `SELECT order_id, status FROM orders WHERE order_id = ANY($1)`, postgres.Replanned, stay)
+		rows, err := tx.Query(ctx, `SELECT order_id, status FROM orders WHERE order_id = ANY($1)`, stay)
 		if err != nil {
 			return nil, fmt.Errorf("read status of %d order(s): %w", len(stay), err)
 		}

@@ -5,24 +5,24 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/tooling/testenv"
 )
 
-// TestMovesAndReadsFindOrdersByKeyAsTheTableGrows: a step's moves (and
-// its read of the orders that did not move) and the intake's read of
-// repeated requests find their orders through a key however much the
-// table grew since they first ran. A plan PostgreSQL caches for a prepared
-// statement while the table is nearly empty scans it whole, and went on
-// doing so as it grew, until the next ANALYZE.
-func TestMovesAndReadsFindOrdersByKeyAsTheTableGrows(t *testing.T) {
+// TestRepeatsAreReadThroughTheKeyAsTheTableGrows: the intake's read of
+// repeated requests finds each order through its key however much the
+// table grew since the read first ran. pgx prepares statements, and
+// PostgreSQL may cache one plan for a prepared statement after five runs;
+// a join of unnest with orders, cached while the table was nearly empty,
+// scanned it whole, and went on doing so as it grew, until the next
+// ANALYZE.
+func TestRepeatsAreReadThroughTheKeyAsTheTableGrows(t *testing.T) {
 	ctx, db, client := newTest(t)
 	one := testenv.OneConnection(t, db)
 	const before, after = 10, 5
-	orders := make([]order.Order, before+after+1)
+	orders := make([]order.Order, before+after)
 	for i := range orders {
 		r, err := orderstore.Insert(ctx, db.Pool, client, request(t, fmt.Sprintf("plan-%d", i), `"1.00"`), orderstore.InsertOptions{})
 		if err != nil {
@@ -30,29 +30,15 @@ func TestMovesAndReadsFindOrdersByKeyAsTheTableGrows(t *testing.T) {
 		}
 		orders[i] = r.Order
 	}
-	still := orders[len(orders)-1] // never moves: read as an order that did not
-	step := func(o order.Order) {
+	read := func(o order.Order) {
 		t.Helper()
-		err := pgx.BeginFunc(ctx, one, func(tx pgx.Tx) error {
-			ms, err := orderstore.TransitionMany(ctx, tx, []orderstore.Move{
-				{ID: o.ID, From: order.StatusProcessing, To: order.StatusReserved},
-				{ID: still.ID, From: order.StatusReserved, To: order.StatusPaid},
-			})
-			if err == nil && (!ms[0].OK || ms[1].OK) {
-				err = fmt.Errorf("moves %+v; want the first only", ms)
-			}
-			return err
-		})
-		if err != nil {
-			t.Fatalf("move: %v", err)
-		}
-		got, err := orderstore.GetByRequestIDs(ctx, one, []uuid.UUID{client}, []string{o.RequestID})
-		if err != nil || got[orderstore.Key{ClientID: client, RequestID: o.RequestID}].ID != o.ID {
-			t.Fatalf("read by request_id: %v, %v", got, err)
+		got, err := orderstore.GetByRequestIDs(ctx, one, []uuid.UUID{client, client}, []string{o.RequestID, "not-there"})
+		if err != nil || len(got) != 1 || got[orderstore.Key{ClientID: client, RequestID: o.RequestID}].ID != o.ID {
+			t.Fatalf("read by request_id: %v, %v; want exactly order %s", got, err, o.ID)
 		}
 	}
 	for _, o := range orders[:before] {
-		step(o) // past the runs after which a plan may be cached
+		read(o) // past the runs after which a plan may be cached
 	}
 	const grown = 20000
 	if _, err := db.Pool.Exec(ctx, `
@@ -61,10 +47,15 @@ func TestMovesAndReadsFindOrdersByKeyAsTheTableGrows(t *testing.T) {
 		client, grown); err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range orders[before : before+after] {
-		step(o)
+	for _, o := range orders[before:] {
+		read(o)
 	}
-	if read := testenv.FullScanReads(t, db, one, "orders", before+after); read >= grown {
-		t.Errorf("moving and reading %d orders read %d order rows in full scans, of %d; want them found through a key", before+after, read, grown+len(orders))
+	// One update on the same connection marks the moment its counters,
+	// reads included, reach pg_stat_user_tables.
+	if _, err := one.Exec(ctx, `UPDATE orders SET updated_at = updated_at WHERE order_id = $1`, orders[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := testenv.FullScanReads(t, db, one, "orders", 1); n >= grown {
+		t.Errorf("reading %d repeated requests read %d order rows in full scans, of %d; want each found through its key", before+after, n, grown+len(orders))
 	}
 }

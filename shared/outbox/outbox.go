@@ -292,7 +292,7 @@ func (r *Relay) ReadPending(ctx context.Context, ids ...int64) ([]Row, error) {
 	rows, err := r.Pool.Query(ctx, `
 		SELECT id, order_id, msg_id, event, payload, headers FROM outbox
 		WHERE id = ANY($1) AND published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
-		ORDER BY id`, postgres.Replanned, ids)
+		ORDER BY id`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read pending outbox rows: %w", err)
 	}
@@ -336,7 +336,7 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 	}
 	if len(failed) > 0 {
 		// Give the rows back at once rather than at the lease's end.
-		_, _ = r.Pool.Exec(context.WithoutCancel(ctx), `UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL`, postgres.Replanned, failed)
+		_, _ = r.Pool.Exec(context.WithoutCancel(ctx), `UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL`, failed)
 	}
 	return len(done), pubErr
 }
@@ -391,7 +391,7 @@ func (r *Relay) Stamp(ctx context.Context, a Acked) error {
 	if err := failpoint.Inject(FailAfterPublish); err != nil {
 		return err // a simulated crash: the claims expire, another pass publishes again
 	}
-	if _, err := r.Pool.Exec(context.WithoutCancel(ctx), stampSQL, postgres.Replanned, a.ids, a.seqs); err != nil {
+	if _, err := r.Pool.Exec(context.WithoutCancel(ctx), stampSQL, a.ids, a.seqs); err != nil {
 		return fmt.Errorf("stamp published outbox rows: %w", err)
 	}
 	metrics.OutboxPublished.WithLabelValues(a.path).Add(float64(len(a.ids)))

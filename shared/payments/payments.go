@@ -135,7 +135,7 @@ func PendingMany(ctx context.Context, db postgres.DB, orderIDs []uuid.UUID, char
 			SELECT order_id, key, amount, currency, 'pending' FROM o
 			WHERE status = $3 ORDER BY order_id
 			ON CONFLICT (order_id) DO NOTHING)
-		SELECT order_id, status, amount::text, currency FROM o`, postgres.Replanned, ids, keys, chargeable)
+		SELECT order_id, status, amount::text, currency FROM o`, ids, keys, chargeable)
 	if err != nil {
 		return nil, fmt.Errorf("read %d orders and record their pending payments: %w", len(orderIDs), err)
 	}
@@ -174,7 +174,7 @@ func RecordMany(ctx context.Context, db postgres.DB, orderIDs []uuid.UUID, answe
 	_, err := db.Exec(ctx, `
 		UPDATE payments p SET status = v.status, charge_id = NULLIF(v.charge_id, ''), decline_reason = NULLIF(v.reason, ''), updated_at = now()
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS v(order_id, status, charge_id, reason)
-		WHERE p.order_id = v.order_id AND p.status = 'pending'`, postgres.Replanned, orderIDs, statuses, ids, reasons)
+		WHERE p.order_id = v.order_id AND p.status = 'pending'`, orderIDs, statuses, ids, reasons)
 	if err != nil {
 		if len(orderIDs) == 1 {
 			return fmt.Errorf("record %s charge of order %s: %w", answers[0].Status, orderIDs[0], err)

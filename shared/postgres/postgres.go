@@ -26,23 +26,19 @@ import (
 // connection or a transaction (*pgxpool.Pool, *pgx.Conn and pgx.Tx all
 // satisfy it). A function that must run inside the caller's transaction
 // takes a pgx.Tx instead.
+//
+// pgx prepares statements, and PostgreSQL may cache one plan for a
+// prepared statement after five runs, whatever its arguments. A join of
+// unnest with a table that was nearly empty then (a fresh database, every
+// benchmark's first minute) is planned as a full scan, and stays one as
+// the table grows, until autovacuum's next ANALYZE. A read of a batch of
+// keys that must stay an index lookup from the start looks each key up in
+// a LATERAL subquery with LIMIT 1 (orderstore.GetByRequestIDs).
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
-
-// Replanned, passed as a statement's first argument, has PostgreSQL plan
-// the statement for its arguments at every run: pgx sends it as the
-// anonymous prepared statement, with its description cached, in one round
-// trip. Statements that look up a batch of keys (= ANY($1), a join with
-// unnest) in a table that grows use it. PostgreSQL may cache one plan for
-// a prepared statement after five runs, whatever its arguments; cached
-// while the table was nearly empty (a fresh deployment, every benchmark's
-// first minute), that plan scans the whole table and goes on doing so as
-// the table grows, until the next ANALYZE. Planning each run costs a
-// little processor time per statement, not per row.
-const Replanned = pgx.QueryExecModeCacheDescribe
 
 // Open creates a pool of pgx's default size and pings it, so a wrong URL
 // fails here and not at the first query.
