@@ -219,8 +219,11 @@ func ServeListener(ctx context.Context, l net.Listener, h http.Handler, logger *
 	if err := srv.Shutdown(sctx); err != nil {
 		n := inFlight.Load()
 		_ = srv.Close()
-		if n > 0 || !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("http server shutdown: %d request(s) cut off: %w", n, err)
+		switch {
+		case !errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("http server shutdown: %w", err)
+		case n > 0:
+			return fmt.Errorf("http server shutdown: %d request(s) still running at the end of the drain were cut off: %w", n, err)
 		}
 		logger.Debug("http server closed connections that sent no request within the drain", slog.Duration("drain", drain))
 	}
