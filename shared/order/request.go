@@ -221,6 +221,13 @@ func decodeObject(data []byte, allowed []string) ([]json.RawMessage, error) {
 	if data[i] != '{' {
 		return nil, errors.New("must be a JSON object")
 	}
+	return objectMembers(data, i, allowed)
+}
+
+// objectMembers is decodeObject for the object that starts at data[i]
+// ('{') in JSON that json.Valid accepted, such as an item line of a
+// checked body.
+func objectMembers(data []byte, i int, allowed []string) ([]json.RawMessage, error) {
 	out := make([]json.RawMessage, len(allowed))
 	err := jsonMembers(data, i, func(rawName, value []byte) error {
 		inner := rawName[1 : len(rawName)-1]
@@ -421,7 +428,7 @@ func decodeItems(ve *ValidationError, raw json.RawMessage) []Item {
 			ve.add(itemField(i, ""), "must be an object {\"sku\", \"quantity\"}")
 			continue
 		}
-		wi, err := decodeObject(line, itemMembers)
+		wi, err := objectMembers(line, 0, itemMembers) // the body was checked whole
 		if err != nil {
 			ve.add(itemField(i, ""), "%v", err)
 			continue
