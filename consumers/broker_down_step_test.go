@@ -6,9 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 
 	"orderpipe/consumers"
 	"orderpipe/consumers/step"
@@ -36,13 +34,7 @@ func TestStepCountsMovesWhileTheBrokerIsDown(t *testing.T) {
 	finished := func() float64 {
 		return testutil.ToFloat64(metrics.OrdersFinished.WithLabelValues(string(order.StatusConfirmed)))
 	}
-	timed := func() uint64 {
-		var d dto.Metric
-		if err := metrics.StageSeconds.WithLabelValues(string(order.StatusConfirmed)).(prometheus.Histogram).Write(&d); err != nil {
-			t.Fatal(err)
-		}
-		return d.GetHistogram().GetSampleCount()
-	}
+	timed := func() uint64 { return stageSeconds(t, order.StatusConfirmed).GetSampleCount() }
 	finishedBefore, timedBefore := finished(), timed()
 
 	ns.Stop()

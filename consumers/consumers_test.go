@@ -26,6 +26,16 @@ func TestMain(m *testing.M) { testenv.MainWith(m, consumers.Command()) }
 // started is when this test binary started: no order of its tests is older.
 var started = time.Now()
 
+// stageSeconds reads the histogram of the time from acceptance to status.
+func stageSeconds(t *testing.T, status order.Status) *dto.Histogram {
+	t.Helper()
+	var d dto.Metric
+	if err := metrics.StageSeconds.WithLabelValues(string(status)).(prometheus.Histogram).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetHistogram()
+}
+
 func TestHappyPathAndRejection(t *testing.T) {
 	t.Parallel()
 	e := pipetest.New(t, pspserver.Options{})
@@ -64,11 +74,8 @@ func TestHappyPathAndRejection(t *testing.T) {
 	// The time from acceptance to confirmed is observed, and is a time
 	// this process's tests took (other tests run beside this one), not
 	// one read off a wrong clock.
-	var d dto.Metric
-	if err := metrics.StageSeconds.WithLabelValues("confirmed").(prometheus.Histogram).Write(&d); err != nil {
-		t.Fatal(err)
-	}
-	if n, sum := d.GetHistogram().GetSampleCount(), d.GetHistogram().GetSampleSum(); n < 1 || sum <= 0 || sum/float64(n) > time.Since(started).Seconds() {
+	h := stageSeconds(t, order.StatusConfirmed)
+	if n, sum := h.GetSampleCount(), h.GetSampleSum(); n < 1 || sum <= 0 || sum/float64(n) > time.Since(started).Seconds() {
 		t.Errorf("acceptance → confirmed: %d observations, %.3f s in all; want at least one, each under %s", n, sum, time.Since(started))
 	}
 }
