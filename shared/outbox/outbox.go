@@ -467,10 +467,14 @@ func (r *Relay) message(x Row) *nats.Msg {
 
 // stampSQL marks rows ($1) published with the stream sequence ($2) of
 // their publish ack, which lets the compensator tell later whether the
-// broker still holds the event.
+// broker still holds the event. The redundant "o.id = ANY($1)" keeps the
+// rows found through the primary key also in a plan PostgreSQL cached
+// while the outbox was nearly empty (see postgres.DB): the join alone is
+// then cached as a hash join over a full scan of the outbox, which every
+// stamp repeats as the outbox grows.
 const stampSQL = `
 	UPDATE outbox o SET published_at = now(), stream_seq = v.seq, claimed_until = NULL
-	FROM unnest($1::bigint[], $2::bigint[]) AS v(id, seq) WHERE o.id = v.id`
+	FROM unnest($1::bigint[], $2::bigint[]) AS v(id, seq) WHERE o.id = v.id AND o.id = ANY($1)`
 
 // Pending returns how many rows wait to be published.
 func Pending(ctx context.Context, pool *pgxpool.Pool) (int, error) {

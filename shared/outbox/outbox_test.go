@@ -463,3 +463,49 @@ func TestRacingRelaysPublishEachRowOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestStampsFindTheirRowsThroughTheKeyAsTheOutboxGrows: a stamp finds its
+// rows through the primary key however much the outbox grew since the
+// stamp first ran. pgx prepares statements, and PostgreSQL may cache one
+// plan for a prepared statement after five runs; the stamp's join of
+// unnest with the outbox, cached while the outbox was nearly empty, was a
+// hash join over a full scan, which every later stamp repeated as the
+// outbox grew (millions of rows read in a benchmark's first seconds).
+func TestStampsFindTheirRowsThroughTheKeyAsTheOutboxGrows(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	one := testenv.OneConnection(t, db)
+	r := &outbox.Relay{Pool: one, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	const before, after = 10, 5
+	ids := make([]int64, before+after)
+	for i := range ids {
+		_, ids[i] = enqueue(t, db.Pool)
+	}
+	publish := func(id int64) {
+		t.Helper()
+		a, err := r.PublishIDs(t.Context(), id)
+		if err != nil {
+			t.Fatalf("publish row %d: %v", id, err)
+		}
+		if err := r.Stamp(t.Context(), a); err != nil {
+			t.Fatalf("stamp row %d: %v", id, err)
+		}
+		if got := rowOf(t, db.Pool, id); !got.published || got.streamSeq == nil {
+			t.Fatalf("row %d after its stamp: %+v, want published with a sequence", id, got)
+		}
+	}
+	for _, id := range ids[:before] {
+		publish(id) // past the runs after which a plan may be cached
+	}
+	const grown = 20000
+	if _, err := db.Pool.Exec(t.Context(), `
+		INSERT INTO outbox (msg_id, event, payload, published_at)
+		SELECT 'grown-' || g, 'order.accepted', '\x7b7d', now() FROM generate_series(1, $1) g`, grown); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids[before:] {
+		publish(id)
+	}
+	if n := testenv.FullScanReads(t, db, one, "outbox", before+after); n >= grown {
+		t.Errorf("publishing and stamping %d rows read %d outbox rows in full scans, of %d; want each found through its key", before+after, n, grown+len(ids))
+	}
+}

@@ -33,7 +33,10 @@ import (
 // benchmark's first minute) is planned as a full scan, and stays one as
 // the table grows, until autovacuum's next ANALYZE. A read of a batch of
 // keys that must stay an index lookup from the start looks each key up in
-// a LATERAL subquery with LIMIT 1 (orderstore.GetByRequestIDs).
+// a LATERAL subquery with LIMIT 1 (orderstore.GetByRequestIDs); an update
+// of rows named by a key array adds "key = ANY($1)" to its join, which
+// the planner answers from the key's index even for an empty table (the
+// outbox's stamp).
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
