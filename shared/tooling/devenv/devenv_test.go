@@ -126,6 +126,14 @@ func TestStartStopStartKeepsData(t *testing.T) {
 	if _, err := tenant.Authenticate(ctx, pool, env["ORDERPIPE_API_KEY"]); err != nil {
 		t.Fatalf("dev API key does not authenticate: %v", err)
 	}
+	// dev's PostgreSQL is durable, and creates WAL segments without
+	// filling them with zeros first (devPGArgs).
+	for setting, want := range map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on", "wal_init_zero": "off"} {
+		var got string
+		if err := pool.QueryRow(ctx, "SELECT current_setting($1)", setting).Scan(&got); err != nil || got != want {
+			t.Errorf("dev's PostgreSQL runs with %s = %q (%v), want %q", setting, got, err, want)
+		}
+	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE devenv_kept (v text); INSERT INTO devenv_kept VALUES ('before stop')"); err != nil {
 		t.Fatal(err)
 	}
