@@ -134,9 +134,16 @@ func Replay(existing order.Order, fp []byte) (Inserted, error) {
 }
 
 // Get returns a client's order by id; ErrNotFound when it does not exist
-// or belongs to another client.
+// or belongs to another client. The row is read by its primary key alone
+// and its client checked here: with "client_id = $1" in the statement, a
+// plan PostgreSQL cached while orders was nearly empty (see postgres.DB)
+// walked the (client_id, request_id) index over every order of the
+// client, which for one busy client is every order.
 func Get(ctx context.Context, q postgres.DB, clientID, orderID uuid.UUID) (order.Order, error) {
-	o, err := scanOrder(q.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE client_id = $1 AND order_id = $2`, clientID, orderID))
+	o, err := scanOrder(q.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE order_id = $1`, orderID))
+	if err == nil && o.ClientID != clientID {
+		err = ErrNotFound
+	}
 	if err != nil {
 		return order.Order{}, fmt.Errorf("get order %s: %w", orderID, err)
 	}

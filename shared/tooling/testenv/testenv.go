@@ -478,7 +478,7 @@ func Connect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 }
 
 // OneConnection opens a pool of a single connection on db, closed when the
-// test ends: what it runs, one backend runs, whose statistics FullScanReads
+// test ends: what it runs, one backend runs, whose statistics TableReads
 // can flush.
 func OneConnection(t testing.TB, db *Database) *pgxpool.Pool {
 	t.Helper()
@@ -490,18 +490,27 @@ func OneConnection(t testing.TB, db *Database) *pgxpool.Pool {
 	return pool
 }
 
-// FullScanReads flushes the statistics of one (a OneConnection), waits
-// until table's counters in db show at least updated rows updated, and
-// returns how many rows full scans of table have read in all.
-func FullScanReads(t testing.TB, db *Database, one *pgxpool.Pool, table string, updated int64) int64 {
+// Reads is how many rows of a table were read, from pg_stat_user_tables:
+// by full scans (seq_tup_read) and fetched through its indexes
+// (idx_tup_fetch).
+type Reads struct {
+	FullScan, ByIndex int64
+}
+
+// TableReads flushes the statistics of one (a OneConnection), waits until
+// table's counters in db show at least updated rows updated, and returns
+// how many of table's rows were read in all.
+func TableReads(t testing.TB, db *Database, one *pgxpool.Pool, table string, updated int64) Reads {
 	t.Helper()
 	if _, err := one.Exec(t.Context(), `SELECT pg_stat_force_next_flush()`); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	var upd, read int64
+	var upd int64
+	var r Reads
 	WaitFor(t, 30*time.Second, table+"'s counters in pg_stat_user_tables", func() bool {
-		err := db.Pool.QueryRow(t.Context(), `SELECT n_tup_upd, seq_tup_read FROM pg_stat_user_tables WHERE relname = $1`, table).Scan(&upd, &read)
+		err := db.Pool.QueryRow(t.Context(), `SELECT n_tup_upd, seq_tup_read, coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables WHERE relname = $1`, table).
+			Scan(&upd, &r.FullScan, &r.ByIndex)
 		return err == nil && upd >= updated
 	})
-	return read
+	return r
 }
