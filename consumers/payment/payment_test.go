@@ -287,3 +287,46 @@ func TestPendingMany(t *testing.T) {
 		t.Fatalf("PendingMany of no orders: %v", err)
 	}
 }
+
+// TestPendingManyReadsOrdersThroughTheKeyAsTheTableGrows: the payment
+// step's batched read finds each order through its key however much the
+// table grew since the read first ran. Its join of unnest with orders,
+// cached while the table was nearly empty, scanned orders whole at every
+// run as it grew.
+func TestPendingManyReadsOrdersThroughTheKeyAsTheTableGrows(t *testing.T) {
+	t.Parallel()
+	e, _ := setup(t, pspserver.Options{})
+	ctx := t.Context()
+	one := testenv.OneConnection(t, e.DB)
+	const before, after = 10, 5
+	ids := make([]uuid.UUID, before+after)
+	for i := range ids {
+		ids[i], _ = e.InsertOrder(t, "4.50", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	}
+	read := func(id uuid.UUID) {
+		t.Helper()
+		due, err := payments.PendingMany(ctx, one, []uuid.UUID{id, uuid.New()}, string(order.StatusReserved))
+		if want := (payments.Due{Status: "processing", Amount: "4.50", Currency: "CNY"}); err != nil || len(due) != 1 || due[id] != want {
+			t.Fatalf("PendingMany of order %s = %+v, %v; want exactly %+v", id, due, err, want)
+		}
+	}
+	for _, id := range ids[:before] {
+		read(id) // past the runs after which a plan may be cached
+	}
+	const grown = 20000
+	if _, err := e.DB.Pool.Exec(ctx, `
+		INSERT INTO orders (order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount, currency)
+		SELECT gen_random_uuid(), 'GROWN' || g, $1, 'grown-' || g, '\x00', 'confirmed', 1, '[]', 1, 'CNY' FROM generate_series(1, $2) g`,
+		e.ClientID, grown); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids[before:] {
+		read(id)
+	}
+	if _, err := one.Exec(ctx, `UPDATE orders SET updated_at = updated_at WHERE order_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if r := testenv.TableReads(t, e.DB, one, "orders", 1); r.FullScan >= grown {
+		t.Errorf("%d batched reads read %d order rows in full scans, of %d; want each order found through its key", before+after, r.FullScan, grown+len(ids))
+	}
+}

@@ -119,7 +119,9 @@ type Due struct {
 // concurrent messages, batched. An order that does not exist is absent from
 // the map; an order named twice is read once. The orders are taken in id
 // order, so that two such statements at once never wait for each other's
-// pending rows in a cycle.
+// pending rows in a cycle. Each order is looked up through its key in a
+// LATERAL subquery, also by a plan PostgreSQL cached while orders was
+// nearly empty (see postgres.DB).
 func PendingMany(ctx context.Context, db postgres.DB, orderIDs []uuid.UUID, chargeable string) (map[uuid.UUID]Due, error) {
 	ids, keys := make([][16]byte, len(orderIDs)), make([]string, len(orderIDs))
 	for i, id := range orderIDs {
@@ -127,9 +129,10 @@ func PendingMany(ctx context.Context, db postgres.DB, orderIDs []uuid.UUID, char
 	}
 	rows, err := db.Query(ctx, `
 		WITH o AS (
-			SELECT o.order_id, o.status, o.amount, o.currency, k.key
-			FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS k(order_id, key) JOIN orders o USING (order_id)
-			ORDER BY o.order_id),
+			SELECT k.order_id, o.status, o.amount, o.currency, k.key
+			FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS k(order_id, key)
+			CROSS JOIN LATERAL (SELECT status, amount, currency FROM orders WHERE order_id = k.order_id LIMIT 1) o
+			ORDER BY k.order_id),
 		pend AS (
 			INSERT INTO payments (order_id, idempotency_key, amount, currency, status)
 			SELECT order_id, key, amount, currency, 'pending' FROM o
