@@ -314,12 +314,7 @@ func TestPendingManyReadsOrdersThroughTheKeyAsTheTableGrows(t *testing.T) {
 		read(id) // past the runs after which a plan may be cached
 	}
 	const grown = 20000
-	if _, err := e.DB.Pool.Exec(ctx, `
-		INSERT INTO orders (order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount, currency)
-		SELECT gen_random_uuid(), 'GROWN' || g, $1, 'grown-' || g, '\x00', 'confirmed', 1, '[]', 1, 'CNY' FROM generate_series(1, $2) g`,
-		e.ClientID, grown); err != nil {
-		t.Fatal(err)
-	}
+	testenv.GrowOrders(t, e.DB.Pool, e.ClientID, grown)
 	for _, id := range ids[before:] {
 		read(id)
 	}

@@ -6,11 +6,44 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
 	"orderpipe/shared/tooling/testenv"
 )
+
+// readsAsOrdersGrow writes 15 orders of client, runs op on ten of them
+// (past the runs after which PostgreSQL may cache a plan), grows orders
+// by grown rows of client, runs op on the other five, and returns the
+// rows of orders read meanwhile by one, where op runs its statements.
+func readsAsOrdersGrow(t *testing.T, db *testenv.Database, one *pgxpool.Pool, client uuid.UUID, op func(order.Order)) testenv.Reads {
+	t.Helper()
+	orders := make([]order.Order, 15)
+	for i := range orders {
+		r, err := orderstore.Insert(t.Context(), db.Pool, client, request(t, fmt.Sprintf("plan-%d", i), `"1.00"`), orderstore.InsertOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		orders[i] = r.Order
+	}
+	for _, o := range orders[:10] {
+		op(o)
+	}
+	testenv.GrowOrders(t, db.Pool, client, grown)
+	for _, o := range orders[10:] {
+		op(o)
+	}
+	// One update on the same connection marks the moment its counters,
+	// reads included, reach pg_stat_user_tables.
+	if _, err := one.Exec(t.Context(), `UPDATE orders SET updated_at = updated_at WHERE order_id = $1`, orders[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	return testenv.TableReads(t, db, one, "orders", 1)
+}
+
+// grown is how many orders readsAsOrdersGrow adds.
+const grown = 20000
 
 // TestRepeatsAreReadThroughTheKeyAsTheTableGrows: the intake's read of
 // repeated requests finds each order through its key however much the
@@ -22,42 +55,15 @@ import (
 func TestRepeatsAreReadThroughTheKeyAsTheTableGrows(t *testing.T) {
 	ctx, db, client := newTest(t)
 	one := testenv.OneConnection(t, db)
-	const before, after = 10, 5
-	orders := make([]order.Order, before+after)
-	for i := range orders {
-		r, err := orderstore.Insert(ctx, db.Pool, client, request(t, fmt.Sprintf("plan-%d", i), `"1.00"`), orderstore.InsertOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		orders[i] = r.Order
-	}
-	read := func(o order.Order) {
+	r := readsAsOrdersGrow(t, db, one, client, func(o order.Order) {
 		t.Helper()
 		got, err := orderstore.GetByRequestIDs(ctx, one, []uuid.UUID{client, client}, []string{o.RequestID, "not-there"})
 		if err != nil || len(got) != 1 || got[orderstore.Key{ClientID: client, RequestID: o.RequestID}].ID != o.ID {
 			t.Fatalf("read by request_id: %v, %v; want exactly order %s", got, err, o.ID)
 		}
-	}
-	for _, o := range orders[:before] {
-		read(o) // past the runs after which a plan may be cached
-	}
-	const grown = 20000
-	if _, err := db.Pool.Exec(ctx, `
-		INSERT INTO orders (order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount, currency)
-		SELECT gen_random_uuid(), 'GROWN' || g, $1, 'grown-' || g, '\x00', 'confirmed', 1, '[]', 1, 'CNY' FROM generate_series(1, $2) g`,
-		client, grown); err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range orders[before:] {
-		read(o)
-	}
-	// One update on the same connection marks the moment its counters,
-	// reads included, reach pg_stat_user_tables.
-	if _, err := one.Exec(ctx, `UPDATE orders SET updated_at = updated_at WHERE order_id = $1`, orders[0].ID); err != nil {
-		t.Fatal(err)
-	}
-	if n := testenv.TableReads(t, db, one, "orders", 1).FullScan; n >= grown {
-		t.Errorf("reading %d repeated requests read %d order rows in full scans, of %d; want each found through its key", before+after, n, grown+len(orders))
+	})
+	if r.FullScan >= grown {
+		t.Errorf("reading 15 repeated requests read %d order rows in full scans, of %d; want each found through its key", r.FullScan, grown+15)
 	}
 }
 
@@ -71,16 +77,7 @@ func TestAnOrderIsReadThroughItsIDAsTheTableGrows(t *testing.T) {
 	ctx, db, client := newTest(t)
 	other := newClient(t, db.Pool)
 	one := testenv.OneConnection(t, db)
-	const before, after = 10, 5
-	orders := make([]order.Order, before+after)
-	for i := range orders {
-		r, err := orderstore.Insert(ctx, db.Pool, client, request(t, fmt.Sprintf("get-%d", i), `"1.00"`), orderstore.InsertOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		orders[i] = r.Order
-	}
-	get := func(o order.Order) {
+	r := readsAsOrdersGrow(t, db, one, client, func(o order.Order) {
 		t.Helper()
 		got, err := orderstore.Get(ctx, one, client, o.ID)
 		if err != nil || got.ID != o.ID || got.RequestID != o.RequestID {
@@ -89,25 +86,9 @@ func TestAnOrderIsReadThroughItsIDAsTheTableGrows(t *testing.T) {
 		if _, err := orderstore.Get(ctx, one, other, o.ID); !errors.Is(err, orderstore.ErrNotFound) {
 			t.Fatalf("another client read order %s: %v, want ErrNotFound", o.ID, err)
 		}
-	}
-	for _, o := range orders[:before] {
-		get(o) // past the runs after which a plan may be cached
-	}
-	const grown = 20000
-	if _, err := db.Pool.Exec(ctx, `
-		INSERT INTO orders (order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount, currency)
-		SELECT gen_random_uuid(), 'GROWN' || g, $1, 'grown-' || g, '\x00', 'confirmed', 1, '[]', 1, 'CNY' FROM generate_series(1, $2) g`,
-		client, grown); err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range orders[before:] {
-		get(o)
-	}
-	if _, err := one.Exec(ctx, `UPDATE orders SET updated_at = updated_at WHERE order_id = $1`, orders[0].ID); err != nil {
-		t.Fatal(err)
-	}
-	if r := testenv.TableReads(t, db, one, "orders", 1); r.FullScan+r.ByIndex >= grown {
-		t.Errorf("%d reads of one order each read %d order rows (%d in full scans, %d through indexes), of %d; want each found through its id",
-			2*(before+after), r.FullScan+r.ByIndex, r.FullScan, r.ByIndex, grown+len(orders))
+	})
+	if r.FullScan+r.ByIndex >= grown {
+		t.Errorf("30 reads of one order each read %d order rows (%d in full scans, %d through indexes), of %d; want each found through its id",
+			r.FullScan+r.ByIndex, r.FullScan, r.ByIndex, grown+15)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
@@ -513,4 +514,17 @@ func TableReads(t testing.TB, db *Database, one *pgxpool.Pool, table string, upd
 		return err == nil && upd >= updated
 	})
 	return r
+}
+
+// GrowOrders adds n confirmed orders of client to the database of pool in
+// one statement: a table grown after a statement's plan may have been
+// cached, for the tests that TableReads checks.
+func GrowOrders(t testing.TB, pool *pgxpool.Pool, client uuid.UUID, n int) {
+	t.Helper()
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO orders (order_id, order_no, client_id, request_id, fingerprint, status, user_id, items, amount, currency)
+		SELECT id, 'GROWN-' || id, $1, 'grown-' || id, '\x00', 'confirmed', 1, '[]', 1, 'CNY'
+		FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, $2)) g`, client, n); err != nil {
+		t.Fatalf("testenv: grow orders: %v", err)
+	}
 }
