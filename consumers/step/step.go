@@ -199,9 +199,16 @@ type Locked struct {
 // transaction ends, all in one statement and in order id order (so that
 // two batches never lock each other's orders in a cycle), so that the step
 // decides on statuses nobody can change under it. A missing order is
-// orderstore.ErrNotFound (a permanent error).
+// orderstore.ErrNotFound (a permanent error). Each order is found through
+// its primary key, also by a plan PostgreSQL cached while orders was
+// nearly empty: a join on "= ANY(ARRAY[…])" can be neither hashed nor
+// merged (orderstore.TransitionMany, postgres.DB); "order_id = ANY($1)"
+// was cached as a full scan.
 func LockOrders(ctx context.Context, tx pgx.Tx, ms []Message) (map[uuid.UUID]Locked, error) {
-	rows, err := tx.Query(ctx, `SELECT order_id, status, items FROM orders WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE`, OrderIDs(ms))
+	rows, err := tx.Query(ctx, `
+		SELECT o.order_id, o.status, o.items
+		FROM (SELECT DISTINCT unnest($1::uuid[])) AS k(id) JOIN orders o ON o.order_id = ANY(ARRAY[k.id])
+		ORDER BY o.order_id FOR UPDATE OF o`, OrderIDs(ms))
 	if err != nil {
 		return nil, fmt.Errorf("lock %d order(s): %w", len(ms), err)
 	}

@@ -154,10 +154,16 @@ func TransitionMany(ctx context.Context, tx pgx.Tx, ms []Move) ([]Moved, error) 
 		at[m.ID] = i
 		ids[i], froms[i], tos[i], reasons[i] = m.ID, string(m.From), string(m.To), m.Reason
 	}
+	// The join is written "= ANY(ARRAY[…])", which PostgreSQL can neither
+	// hash nor merge: its one plan is a nested loop over the moves with
+	// the primary key's index, also when cached while orders was nearly
+	// empty (see postgres.DB). "o.order_id = v.id AND o.status =
+	// v.from_status" was cached as a hash join over a full scan of orders,
+	// repeated by every move as the table grew.
 	rows, err := tx.Query(ctx, `
 		UPDATE orders o SET status = v.to_status, reason = NULLIF(v.reason, ''), updated_at = now()
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS v(id, from_status, to_status, reason)
-		WHERE o.order_id = v.id AND o.status = v.from_status
+		WHERE o.order_id = ANY(ARRAY[v.id]) AND o.status = ANY(ARRAY[v.from_status])
 		RETURNING o.order_id, o.client_id, o.request_id`, ids, froms, tos, reasons)
 	if err != nil {
 		return nil, fmt.Errorf("move %d order(s): %w", n, err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/order"
@@ -90,5 +91,31 @@ func TestAnOrderIsReadThroughItsIDAsTheTableGrows(t *testing.T) {
 	if r.FullScan+r.ByIndex >= grown {
 		t.Errorf("30 reads of one order each read %d order rows (%d in full scans, %d through indexes), of %d; want each found through its id",
 			r.FullScan+r.ByIndex, r.FullScan, r.ByIndex, grown+15)
+	}
+}
+
+// TestMovesFindTheirOrdersThroughTheKeyAsTheTableGrows: a step's moves
+// (TransitionMany) find each order through the primary key however much
+// the table grew since the statement first ran. The join "o.order_id =
+// v.id AND o.status = v.from_status", cached while orders was nearly
+// empty, was a hash join over a full scan at every move.
+func TestMovesFindTheirOrdersThroughTheKeyAsTheTableGrows(t *testing.T) {
+	ctx, db, client := newTest(t)
+	one := testenv.OneConnection(t, db)
+	r := readsAsOrdersGrow(t, db, one, client, func(o order.Order) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, one, func(tx pgx.Tx) error {
+			m, err := orderstore.Transition(ctx, tx, o.ID, order.StatusProcessing, order.StatusReserved, "")
+			if err == nil && !m.OK {
+				err = fmt.Errorf("not moved: %+v", m)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("move order %s to reserved: %v", o.ID, err)
+		}
+	})
+	if r.FullScan >= grown {
+		t.Errorf("moving 15 orders read %d order rows in full scans, of %d; want each found through its key", r.FullScan, grown+15)
 	}
 }

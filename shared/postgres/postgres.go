@@ -35,8 +35,10 @@ import (
 // keys that must stay an index lookup from the start looks each key up in
 // a LATERAL subquery with LIMIT 1 (orderstore.GetByRequestIDs); an update
 // of rows named by a key array adds "key = ANY($1)" to its join, which
-// the planner answers from the key's index even for an empty table (the
-// outbox's stamp).
+// the planner answers from the key's index even for an empty table with
+// narrow rows (the outbox's stamp); a join that must stay a nested loop
+// over the key's index is written "key = ANY(ARRAY[v.key])", which can be
+// neither hashed nor merged (orderstore.TransitionMany).
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
