@@ -34,11 +34,12 @@ import (
 // the table grows, until autovacuum's next ANALYZE. A read of a batch of
 // keys that must stay an index lookup from the start looks each key up in
 // a LATERAL subquery with LIMIT 1 (orderstore.GetByRequestIDs); an update
-// of rows named by a key array adds "key = ANY($1)" to its join, which
-// the planner answers from the key's index even for an empty table with
-// narrow rows (the outbox's stamp); a join that must stay a nested loop
-// over the key's index is written "key = ANY(ARRAY[v.key])", which can be
-// neither hashed nor merged (orderstore.TransitionMany).
+// or a lock of rows named by a key array joins them on "key =
+// ANY(ARRAY[v.key])", which can be neither hashed nor merged, so that its
+// one plan is a nested loop over the keys with the key's index
+// (orderstore.TransitionMany, the outbox's stamp). A redundant "key =
+// ANY($1)" beside a plain join is not enough: depending on the table's
+// size when the plan was cached, PostgreSQL answers it with a full scan.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
