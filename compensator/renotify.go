@@ -47,7 +47,11 @@ func (c *Compensator) renotifyAfter() time.Duration {
 // selectLostNotices finds up to limit terminal orders, idle for longer than
 // renotifyAfter and younger than the dedupe retention, whose last change
 // has no webhook delivery, and that were re-notified fewer than
-// MaxAttempts times. With lock, the order rows are claimed (SKIP LOCKED).
+// MaxAttempts times, the last time longer than renotifyAfter ago: like a
+// re-drive, a re-notification gives the notifier the deadline to create
+// the delivery before the next one, so that a notifier slowed by a broker
+// fault does not see every attempt spent within a few passes. With lock,
+// the order rows are claimed (SKIP LOCKED).
 func (c *Compensator) selectLostNotices(ctx context.Context, q postgres.DB, limit int, lock bool) ([]lostNotice, error) {
 	forUpdate := ""
 	if lock {
@@ -58,12 +62,13 @@ func (c *Compensator) selectLostNotices(ctx context.Context, q postgres.DB, limi
 			extract(epoch FROM now() - o.updated_at)::float8
 		FROM orders o
 		JOIN LATERAL (SELECT seq FROM order_events WHERE order_id = o.order_id ORDER BY seq DESC LIMIT 1) e ON true
-		JOIN LATERAL (SELECT count(*)::int AS attempts FROM compensator_actions a
+		JOIN LATERAL (SELECT count(*)::int AS attempts, max(a.created_at) AS last_at FROM compensator_actions a
 			WHERE a.order_id = o.order_id AND a.action = 'renotify') n ON true
 		WHERE o.status IN ('confirmed', 'rejected', 'cancelled') AND o.callback_url IS NOT NULL
 			AND o.updated_at < now() - make_interval(secs => $1::float8)
 			AND o.updated_at > now() - make_interval(secs => $2::float8)
 			AND n.attempts < $3
+			AND (n.last_at IS NULL OR n.last_at < now() - make_interval(secs => $1::float8))
 			AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.order_id = o.order_id AND d.seq = e.seq)
 		ORDER BY o.updated_at
 		LIMIT $4 `+forUpdate,
