@@ -1,10 +1,11 @@
 package localpg_test
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,9 +33,53 @@ func start(t *testing.T, opts localpg.Options) *localpg.Server {
 	return s
 }
 
-// groupGone reports whether no process of the process group pgid is left.
-func groupGone(pgid int) bool {
-	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
+// serverProcesses returns the postmaster pid and the pids of its children,
+// read from /proc. PostgreSQL's children each start a session of their own
+// (setsid), so the postmaster's process group holds the postmaster alone:
+// waiting for the group to be gone does not wait for the backends, which
+// keep the shared memory attached until they notice the postmaster died.
+func serverProcesses(pid int) []int {
+	procs := []int{pid}
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		if ppid, _, ok := procStat(d); ok && ppid == pid {
+			if child, err := strconv.Atoi(filepath.Base(d)); err == nil {
+				procs = append(procs, child)
+			}
+		}
+	}
+	return procs
+}
+
+// procStat reads the parent pid and the state of the process of the /proc
+// directory dir.
+func procStat(dir string) (ppid int, state string, ok bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return 0, "", false
+	}
+	// pid (comm) state ppid …; comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, "", false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, "", false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return ppid, f[0], err == nil
+}
+
+// allGone reports whether none of procs is left (a zombie, which has let go
+// of its memory, counts as gone).
+func allGone(procs []int) bool {
+	for _, p := range procs {
+		if _, state, ok := procStat(filepath.Join("/proc", strconv.Itoa(p))); ok && state != "Z" {
+			return false
+		}
+	}
+	return true
 }
 
 // connect opens a connection to url, failing the test if it cannot; ctx
@@ -84,14 +129,19 @@ func TestStalePidFileOfKilledServerDoesNotBlockStart(t *testing.T) {
 	if pid <= 0 {
 		t.Fatalf("Pid() = %d on a running server", pid)
 	}
+	procs := serverProcesses(pid)
+	if len(procs) < 2 {
+		t.Fatalf("the running server has no child process: %v", procs)
+	}
 
 	// A crash: the postmaster dies without removing postmaster.pid.
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill postmaster %d: %v", pid, err)
 	}
 	testenv.WaitExited(t, first.Done(), 30*time.Second, "the postmaster killed with SIGKILL")
-	// Its backends notice the postmaster's death and exit by themselves.
-	testenv.WaitFor(t, 30*time.Second, "the killed server's backends to exit", func() bool { return groupGone(pid) })
+	// Its backends notice the postmaster's death and exit by themselves;
+	// until they have, PostgreSQL refuses to start on their shared memory.
+	testenv.WaitFor(t, 30*time.Second, "the killed server's backends to exit", func() bool { return allGone(procs) })
 	if _, err := os.Stat(filepath.Join(dir, "postmaster.pid")); err != nil {
 		t.Fatalf("expected the killed server's postmaster.pid to be left behind: %v", err)
 	}
@@ -113,14 +163,15 @@ func TestStopEndsEveryServerProcess(t *testing.T) {
 	s := start(t, localpg.Options{DataDir: testenv.PostgresDataDir(t)})
 	pid := s.Pid()
 	query(t, s.URL("postgres"), "SELECT 1")
-	if groupGone(pid) {
-		t.Fatalf("no process in group %d while the server runs", pid)
+	procs := serverProcesses(pid)
+	if len(procs) < 2 || allGone(procs) {
+		t.Fatalf("server processes %v while the server runs, want the postmaster and its children", procs)
 	}
 	if err := s.Stop(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	if !groupGone(pid) {
-		t.Fatalf("processes of the server's group %d remain after Stop", pid)
+	if !allGone(procs) {
+		t.Fatalf("processes of the server %v remain after Stop", procs)
 	}
 	if err := s.Stop(); err != nil {
 		t.Fatalf("second Stop: %v", err)
