@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+
+	"orderpipe/shared/tooling/procstat"
 )
 
 // CPU groups: the processes whose processor time a run reports apart.
@@ -70,25 +71,9 @@ func readCPU() (cpuReading, bool) {
 	}
 	r := cpuReading{procs: map[int]procTicks{}, busy: busy}
 	self := os.Getpid()
-	selfComm := ""
-	if b, err := os.ReadFile("/proc/self/stat"); err == nil {
-		selfComm, _, _ = processTicks(b)
-	}
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(filepath.Base(d))
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(d, "stat"))
-		if err != nil {
-			continue // it ended meanwhile
-		}
-		comm, ticks, ok := processTicks(b)
-		if !ok {
-			continue
-		}
-		r.procs[pid] = procTicks{group: cpuGroup(pid, self, comm, selfComm), ticks: ticks}
+	me, _ := procstat.Read(self)
+	for pid, st := range procstat.All() {
+		r.procs[pid] = procTicks{group: cpuGroup(pid, self, st.Comm, me.Comm), ticks: st.Ticks}
 	}
 	return r, true
 }
@@ -110,26 +95,6 @@ func machineBusy(stat []byte) (uint64, bool) {
 		busy += n
 	}
 	return busy, true
-}
-
-// processTicks parses /proc/PID/stat: the command name (which may hold
-// spaces and parentheses, so it ends at the last ')') and utime + stime.
-func processTicks(stat []byte) (comm string, ticks uint64, ok bool) {
-	open, end := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
-	if open < 0 || end < open {
-		return "", 0, false
-	}
-	f := strings.Fields(string(stat[end+1:]))
-	// After the name: state (field 3 of the man page) … utime (14), stime (15).
-	if len(f) < 13 {
-		return "", 0, false
-	}
-	u, err1 := strconv.ParseUint(f[11], 10, 64)
-	s, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return "", 0, false
-	}
-	return string(stat[open+1 : end]), u + s, true
 }
 
 // cpuGroup places a process: this one, PostgreSQL's, the stack's (named

@@ -1,11 +1,9 @@
 package localpg_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"orderpipe/shared/tooling/localpg"
+	"orderpipe/shared/tooling/procstat"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -33,49 +32,26 @@ func start(t *testing.T, opts localpg.Options) *localpg.Server {
 	return s
 }
 
-// serverProcesses returns the postmaster pid and the pids of its children,
-// read from /proc. PostgreSQL's children each start a session of their own
-// (setsid), so the postmaster's process group holds the postmaster alone:
-// waiting for the group to be gone does not wait for the backends, which
-// keep the shared memory attached until they notice the postmaster died.
+// serverProcesses returns the postmaster pid and the pids of its children.
+// PostgreSQL's children each start a session of their own (setsid), so the
+// postmaster's process group holds the postmaster alone: waiting for the
+// group to be gone does not wait for the backends, which keep the shared
+// memory attached until they notice the postmaster died.
 func serverProcesses(pid int) []int {
 	procs := []int{pid}
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		if ppid, _, ok := procStat(d); ok && ppid == pid {
-			if child, err := strconv.Atoi(filepath.Base(d)); err == nil {
-				procs = append(procs, child)
-			}
+	for child, st := range procstat.All() {
+		if st.PPid == pid {
+			procs = append(procs, child)
 		}
 	}
 	return procs
-}
-
-// procStat reads the parent pid and the state of the process of the /proc
-// directory dir.
-func procStat(dir string) (ppid int, state string, ok bool) {
-	b, err := os.ReadFile(filepath.Join(dir, "stat"))
-	if err != nil {
-		return 0, "", false
-	}
-	// pid (comm) state ppid …; comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, "", false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0, "", false
-	}
-	ppid, err = strconv.Atoi(f[1])
-	return ppid, f[0], err == nil
 }
 
 // allGone reports whether none of procs is left (a zombie, which has let go
 // of its memory, counts as gone).
 func allGone(procs []int) bool {
 	for _, p := range procs {
-		if _, state, ok := procStat(filepath.Join("/proc", strconv.Itoa(p))); ok && state != "Z" {
+		if st, ok := procstat.Read(p); ok && st.State != "Z" {
 			return false
 		}
 	}
