@@ -199,11 +199,8 @@ type Locked struct {
 // transaction ends, all in one statement and in order id order (so that
 // two batches never lock each other's orders in a cycle), so that the step
 // decides on statuses nobody can change under it. A missing order is
-// orderstore.ErrNotFound (a permanent error). Each order is found through
-// its primary key, also by a plan PostgreSQL cached while orders was
-// nearly empty: a join on "= ANY(ARRAY[…])" can be neither hashed nor
-// merged (orderstore.TransitionMany, postgres.DB); "order_id = ANY($1)"
-// was cached as a full scan.
+// orderstore.ErrNotFound (a permanent error). The join on "= ANY(ARRAY[…])"
+// keeps it on the primary key in any cached plan (see postgres.DB).
 func LockOrders(ctx context.Context, tx pgx.Tx, ms []Message) (map[uuid.UUID]Locked, error) {
 	rows, err := tx.Query(ctx, `
 		SELECT o.order_id, o.status, o.items

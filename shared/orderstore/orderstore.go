@@ -154,12 +154,8 @@ func TransitionMany(ctx context.Context, tx pgx.Tx, ms []Move) ([]Moved, error) 
 		at[m.ID] = i
 		ids[i], froms[i], tos[i], reasons[i] = m.ID, string(m.From), string(m.To), m.Reason
 	}
-	// The join is written "= ANY(ARRAY[…])", which PostgreSQL can neither
-	// hash nor merge: its one plan is a nested loop over the moves with
-	// the primary key's index, also when cached while orders was nearly
-	// empty (see postgres.DB). "o.order_id = v.id AND o.status =
-	// v.from_status" was cached as a hash join over a full scan of orders,
-	// repeated by every move as the table grew.
+	// The join on "= ANY(ARRAY[…])" keeps the moves on the primary key in
+	// any cached plan (see postgres.DB).
 	rows, err := tx.Query(ctx, `
 		UPDATE orders o SET status = v.to_status, reason = NULLIF(v.reason, ''), updated_at = now()
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS v(id, from_status, to_status, reason)

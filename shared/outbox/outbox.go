@@ -467,13 +467,8 @@ func (r *Relay) message(x Row) *nats.Msg {
 
 // stampSQL marks rows ($1) published with the stream sequence ($2) of
 // their publish ack, which lets the compensator tell later whether the
-// broker still holds the event. The join is written "o.id =
-// ANY(ARRAY[v.id])", which PostgreSQL can neither hash nor merge: its one
-// plan is a nested loop over the rows with the primary key's index, also
-// when cached while the outbox was nearly empty (see postgres.DB). "o.id
-// = v.id" was cached as a hash join over a full scan of the outbox, which
-// every stamp repeated as the outbox grew; a redundant "o.id = ANY($1)"
-// helped only when the plan was cached at some sizes of the outbox.
+// broker still holds the event. The join on "o.id = ANY(ARRAY[v.id])"
+// keeps it on the primary key in any cached plan (see postgres.DB).
 const stampSQL = `
 	UPDATE outbox o SET published_at = now(), stream_seq = v.seq, claimed_until = NULL
 	FROM unnest($1::bigint[], $2::bigint[]) AS v(id, seq) WHERE o.id = ANY(ARRAY[v.id])`
