@@ -15,6 +15,7 @@ import (
 	"orderpipe/shared/groupcommit"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/outbox"
+	"orderpipe/shared/postgres"
 )
 
 // Group commit of a step's messages. The handlers of one step run
@@ -159,12 +160,14 @@ func (c *committer) published(batch []*commitJob, fresh []bool, ids []int64) {
 
 // transact runs the batch in one transaction and returns, per message,
 // whether it was fresh (its dedupe row new, its apply run), and the outbox
-// ids of all applies.
+// ids of all applies. The transaction's statements run on their generic
+// plans (postgres.GenericPlans): a step's small batches are not planned
+// again at every run.
 func (c *committer) transact(batch []*commitJob) (fresh []bool, ids []int64, err error) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	fresh = make([]bool, len(batch))
-	err = pgx.BeginFunc(ctx, c.p.env.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, c.p.env.Pool, postgres.GenericPlans, func(tx pgx.Tx) error {
 		if err := c.dedupe(ctx, tx, batch, fresh); err != nil {
 			return err
 		}

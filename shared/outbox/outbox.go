@@ -289,14 +289,11 @@ func (r *Relay) ReadPending(ctx context.Context, ids ...int64) ([]Row, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	rows, err := r.Pool.Query(ctx, `
-		SELECT id, order_id, msg_id, event, payload, headers FROM outbox
-		WHERE id = ANY($1) AND published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
-		ORDER BY id`, ids)
-	if err != nil {
-		return nil, fmt.Errorf("read pending outbox rows: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, scanRow)
+	var batch []Row
+	err := postgres.QueryGeneric(ctx, r.Pool, func(rows pgx.Rows) (err error) {
+		batch, err = pgx.CollectRows(rows, scanRow)
+		return err
+	}, readPendingSQL, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read pending outbox rows: %w", err)
 	}
@@ -391,7 +388,7 @@ func (r *Relay) Stamp(ctx context.Context, a Acked) error {
 	if err := failpoint.Inject(FailAfterPublish); err != nil {
 		return err // a simulated crash: the claims expire, another pass publishes again
 	}
-	if _, err := r.Pool.Exec(context.WithoutCancel(ctx), stampSQL, a.ids, a.seqs); err != nil {
+	if _, err := postgres.ExecGeneric(context.WithoutCancel(ctx), r.Pool, stampSQL, a.ids, a.seqs); err != nil {
 		return fmt.Errorf("stamp published outbox rows: %w", err)
 	}
 	metrics.OutboxPublished.WithLabelValues(a.path).Add(float64(len(a.ids)))
@@ -465,10 +462,21 @@ func (r *Relay) message(x Row) *nats.Msg {
 	return msg
 }
 
+// readPendingSQL reads the rows ($1) still pending and not leased by a
+// relay. It runs on its generic plan (postgres.QueryGeneric), which the
+// pending rows' partial index keeps small whatever the outbox's size.
+const readPendingSQL = `
+	SELECT id, order_id, msg_id, event, payload, headers FROM outbox
+	WHERE id = ANY($1) AND published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
+	ORDER BY id`
+
 // stampSQL marks rows ($1) published with the stream sequence ($2) of
 // their publish ack, which lets the compensator tell later whether the
-// broker still holds the event. The join on "o.id = ANY(ARRAY[v.id])"
-// keeps it on the primary key in any cached plan (see postgres.DB).
+// broker still holds the event. It runs on its generic plan
+// (postgres.ExecGeneric): planned once per connection, not at every
+// stamp. The join on "o.id = ANY(ARRAY[v.id])" keeps that plan on the
+// primary key whatever the table's size when it was made (see
+// postgres.DB).
 const stampSQL = `
 	UPDATE outbox o SET published_at = now(), stream_seq = v.seq, claimed_until = NULL
 	FROM unnest($1::bigint[], $2::bigint[]) AS v(id, seq) WHERE o.id = ANY(ARRAY[v.id])`

@@ -121,13 +121,28 @@ type Due struct {
 // order, so that two such statements at once never wait for each other's
 // pending rows in a cycle. Each order is looked up through its key in a
 // LATERAL subquery, also by a plan PostgreSQL cached while orders was
-// nearly empty (see postgres.DB).
-func PendingMany(ctx context.Context, db postgres.DB, orderIDs []uuid.UUID, chargeable string) (map[uuid.UUID]Due, error) {
+// nearly empty (see postgres.DB); the statement runs on its generic plan
+// (postgres.QueryGeneric), so db is a pool or a connection, not a
+// transaction.
+func PendingMany(ctx context.Context, db postgres.Batcher, orderIDs []uuid.UUID, chargeable string) (map[uuid.UUID]Due, error) {
 	ids, keys := make([][16]byte, len(orderIDs)), make([]string, len(orderIDs))
 	for i, id := range orderIDs {
 		ids[i], keys[i] = id, ChargeKey(id)
 	}
-	rows, err := db.Query(ctx, `
+	due := make(map[uuid.UUID]Due, len(orderIDs))
+	err := postgres.QueryGeneric(ctx, db, func(rows pgx.Rows) error {
+		for rows.Next() {
+			var (
+				id uuid.UUID
+				d  Due
+			)
+			if err := rows.Scan(&id, &d.Status, &d.Amount, &d.Currency); err != nil {
+				return err
+			}
+			due[id] = d
+		}
+		return rows.Err()
+	}, `
 		WITH o AS (
 			SELECT k.order_id, o.status, o.amount, o.currency, k.key
 			FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS k(order_id, key)
@@ -140,21 +155,6 @@ func PendingMany(ctx context.Context, db postgres.DB, orderIDs []uuid.UUID, char
 			ON CONFLICT (order_id) DO NOTHING)
 		SELECT order_id, status, amount::text, currency FROM o`, ids, keys, chargeable)
 	if err != nil {
-		return nil, fmt.Errorf("read %d orders and record their pending payments: %w", len(orderIDs), err)
-	}
-	due := make(map[uuid.UUID]Due, len(orderIDs))
-	for rows.Next() {
-		var (
-			id uuid.UUID
-			d  Due
-		)
-		if err := rows.Scan(&id, &d.Status, &d.Amount, &d.Currency); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read %d orders and record their pending payments: %w", len(orderIDs), err)
-		}
-		due[id] = d
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read %d orders and record their pending payments: %w", len(orderIDs), err)
 	}
 	return due, nil

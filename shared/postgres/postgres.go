@@ -46,6 +46,63 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// GenericPlans are the options of a transaction (pgx.BeginTxFunc) whose
+// prepared statements run on their generic plan: planned once per
+// connection, not once per run. PostgreSQL's default keeps planning a
+// statement over a key array for every run when its small arrays make a
+// custom plan look cheaper than the generic plan's guess, which is the
+// pipeline's case: at 150 orders/s its steps spent about 1.1 ms of
+// PostgreSQL's time per order planning (docs/benchmarks.md, twelfth step).
+// Only statements whose generic plan stays on their keys as the tables
+// grow may run so (see DB); TestGenericPlansStayOnTheKeysAsTheTablesGrow
+// runs the whole pipeline so. The setting is the transaction's own (SET
+// LOCAL), sent with its BEGIN in one round trip.
+var GenericPlans = pgx.TxOptions{BeginQuery: "BEGIN; " + genericPlans}
+
+const genericPlans = "SET LOCAL plan_cache_mode = force_generic_plan"
+
+// Batcher is what ExecGeneric and QueryGeneric take: a pool or a
+// connection, not a transaction (they run one of their own).
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// ExecGeneric runs one statement as GenericPlans do, in a transaction of
+// its own sent in one round trip (BEGIN, the setting, the statement and
+// COMMIT in one pipeline).
+func ExecGeneric(ctx context.Context, db Batcher, sql string, args ...any) (pgconn.CommandTag, error) {
+	var tag pgconn.CommandTag
+	err := generic(ctx, db, func(b *pgx.Batch) {
+		b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error {
+			tag = ct
+			return nil
+		})
+	})
+	return tag, err
+}
+
+// QueryGeneric is ExecGeneric for a statement that returns rows: read
+// reads them.
+func QueryGeneric(ctx context.Context, db Batcher, read func(pgx.Rows) error, sql string, args ...any) error {
+	return generic(ctx, db, func(b *pgx.Batch) { b.Queue(sql, args...).Query(read) })
+}
+
+// generic sends BEGIN, the setting, what queue adds and COMMIT as one
+// batch. When a statement fails, PostgreSQL skips the rest and the
+// transaction is rolled back with its setting (a pool drops a connection
+// left in a failed transaction).
+func generic(ctx context.Context, db Batcher, queue func(*pgx.Batch)) error {
+	if _, ok := db.(pgx.Tx); ok {
+		return errors.New("postgres: a statement on generic plans runs in a transaction of its own: give it a pool or a connection, not a transaction")
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(genericPlans)
+	queue(b)
+	b.Queue("COMMIT")
+	return db.SendBatch(ctx, b).Close()
+}
+
 // Open creates a pool of pgx's default size and pings it, so a wrong URL
 // fails here and not at the first query.
 func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {

@@ -89,7 +89,12 @@ func ReserveMany(ctx context.Context, tx pgx.Tx, ws []Want) ([][]string, error) 
 			}
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT sku, available FROM inventory WHERE sku = ANY($1) ORDER BY sku FOR UPDATE`, skus)
+	// The joins on "i.sku = ANY(ARRAY[v.sku])" keep the lock and the update
+	// on the key in any cached plan, the generic one included (see
+	// postgres.DB): the steps run them so.
+	rows, err := tx.Query(ctx, `
+		SELECT i.sku, i.available FROM unnest($1::text[]) AS v(sku) JOIN inventory i ON i.sku = ANY(ARRAY[v.sku])
+		ORDER BY i.sku FOR UPDATE OF i`, skus)
 	if err != nil {
 		return nil, fmt.Errorf("lock stock of %d order(s): %w", len(ws), err)
 	}
@@ -145,7 +150,7 @@ func ReserveMany(ctx context.Context, tx pgx.Tx, ws []Want) ([][]string, error) 
 	}
 	if _, err := tx.Exec(ctx, `
 		UPDATE inventory i SET available = i.available - v.qty, updated_at = now()
-		FROM unnest($1::text[], $2::bigint[]) AS v(sku, qty) WHERE i.sku = v.sku`, tSKUs, tQty); err != nil {
+		FROM unnest($1::text[], $2::bigint[]) AS v(sku, qty) WHERE i.sku = ANY(ARRAY[v.sku])`, tSKUs, tQty); err != nil {
 		return nil, fmt.Errorf("take the stock of %d order(s): %w", len(ws), err)
 	}
 	if _, err := tx.Exec(ctx, `

@@ -1,0 +1,117 @@
+package consumers_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"orderpipe/consumers"
+	"orderpipe/consumers/pipetest"
+	"orderpipe/shared/order"
+	"orderpipe/shared/postgres"
+	"orderpipe/shared/tooling/pspserver"
+	"orderpipe/shared/tooling/testenv"
+)
+
+// grownTables are the tables the steps read and write, which
+// TestGenericPlansStayOnTheKeysAsTheTablesGrow grows.
+var grownTables = []string{"orders", "order_events", "outbox", "payments", "reservations", "inventory", "processed_messages"}
+
+// TestGenericPlansStayOnTheKeysAsTheTablesGrow: the steps run their
+// statements on generic plans (postgres.GenericPlans), made on the first
+// run, while the tables are nearly empty, and kept by the connection.
+// Every table the steps touch then grows by 20,000 rows, and orders go
+// through the same connection again: none of its statements may read a
+// table whole. A statement whose generic plan is a full scan (a plain
+// join of unnest with a table) fails it with hundreds of thousands of
+// rows read.
+func TestGenericPlansStayOnTheKeysAsTheTablesGrow(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, pspserver.Options{})
+	e.Stock(t, "SKU-1", 1000)
+	ctx := t.Context()
+	// The pipeline's own pool of one connection: every statement of the
+	// steps is planned on it, once, in the first orders.
+	one, err := postgres.OpenSized(context.Background(), e.DB.URL, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.App.Pool = one
+	steps, err := consumers.Steps(e.App)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := pipetest.Start(t, e.App, pipetest.Config(), steps...)
+	run := func(n int) {
+		t.Helper()
+		for range n {
+			id := e.CreateOrder(t, "3.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+			testenv.WaitFor(t, 30*time.Second, "order "+id.String()+" confirmed", func() bool { return e.Status(t, id) == order.StatusConfirmed })
+		}
+	}
+	run(8)
+
+	const grown = 20000
+	testenv.GrowOrders(t, e.DB.Pool, e.ClientID, grown)
+	for _, q := range []string{
+		`INSERT INTO order_events (order_id, seq, status) SELECT order_id, 1, 'confirmed' FROM orders WHERE starts_with(request_id, 'grown-')`,
+		`INSERT INTO outbox (msg_id, event, payload, order_id, published_at)
+		 SELECT 'grown-' || order_id, 'order.confirmed', '\x00', order_id, now() FROM orders WHERE starts_with(request_id, 'grown-')`,
+		`INSERT INTO payments (order_id, idempotency_key, amount, currency, status, charge_id)
+		 SELECT order_id, 'grown-' || order_id, 1, 'CNY', 'succeeded', 'grown-' || order_id FROM orders WHERE starts_with(request_id, 'grown-')`,
+		`INSERT INTO inventory (sku, available) SELECT 'GROWN-' || g, 1 FROM generate_series(1, 20000) g`,
+		`INSERT INTO reservations (order_id, sku, quantity)
+		 SELECT order_id, 'GROWN-' || row_number() OVER (), 1 FROM orders WHERE starts_with(request_id, 'grown-')`,
+		`INSERT INTO processed_messages (consumer, message_id) SELECT c, 'grown-' || g FROM generate_series(1, 20000) g, unnest(ARRAY['inventory', 'payment', 'confirm', 'notify']) c`,
+	} {
+		if _, err := e.DB.Pool.Exec(ctx, q); err != nil {
+			t.Fatalf("grow: %v\n%s", err, q)
+		}
+	}
+	before := fullScans(t, e.DB, grown)
+	run(8)
+	r.Stop(t)
+	// The connection's backend reports its last counters as it ends.
+	var pid int
+	if err := one.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	one.Close()
+	testenv.WaitFor(t, 30*time.Second, "the pipeline's backend gone", func() bool {
+		var n int
+		return e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n) == nil && n == 0
+	})
+	after := fullScans(t, e.DB, 0)
+	for _, table := range grownTables {
+		if n := after[table] - before[table]; n >= grown {
+			t.Errorf("8 orders read %d rows of %s in full scans after it grew by %d; want every row found through a key", n, table, grown)
+		}
+	}
+}
+
+// fullScans returns the rows read by full scans of each of grownTables,
+// once every counter shows at least atLeast rows inserted (the growth
+// reported).
+func fullScans(t *testing.T, db *testenv.Database, atLeast int64) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	testenv.WaitFor(t, 30*time.Second, "the tables' counters", func() bool {
+		rows, err := db.Pool.Query(t.Context(), `SELECT relname, n_tup_ins, seq_tup_read FROM pg_stat_user_tables WHERE relname = ANY($1)`, grownTables)
+		if err != nil {
+			return false
+		}
+		defer rows.Close()
+		n := 0
+		for rows.Next() {
+			var name string
+			var ins, read int64
+			if rows.Scan(&name, &ins, &read) != nil || ins < atLeast {
+				return false
+			}
+			out[name] = read
+			n++
+		}
+		return rows.Err() == nil && n == len(grownTables)
+	})
+	return out
+}
