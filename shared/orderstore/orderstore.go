@@ -154,8 +154,9 @@ func TransitionMany(ctx context.Context, tx pgx.Tx, ms []Move) ([]Moved, error) 
 		at[m.ID] = i
 		ids[i], froms[i], tos[i], reasons[i] = m.ID, string(m.From), string(m.To), m.Reason
 	}
-	// The join on "= ANY(ARRAY[…])" keeps the moves on the primary key in
-	// any cached plan (see postgres.DB).
+	// The joins on "= ANY(ARRAY[…])" keep the moves and the read of the
+	// orders that stay on the primary key in any cached plan, the generic
+	// one of the steps' transactions included (see postgres.DB).
 	rows, err := tx.Query(ctx, `
 		UPDATE orders o SET status = v.to_status, reason = NULLIF(v.reason, ''), updated_at = now()
 		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS v(id, from_status, to_status, reason)
@@ -189,7 +190,8 @@ func TransitionMany(ctx context.Context, tx pgx.Tx, ms []Move) ([]Moved, error) 
 				stay = append(stay, m.ID)
 			}
 		}
-		rows, err := tx.Query(ctx, `SELECT order_id, status FROM orders WHERE order_id = ANY($1)`, stay)
+		rows, err := tx.Query(ctx, `
+			SELECT o.order_id, o.status FROM unnest($1::uuid[]) AS v(id) JOIN orders o ON o.order_id = ANY(ARRAY[v.id])`, stay)
 		if err != nil {
 			return nil, fmt.Errorf("read status of %d order(s): %w", len(stay), err)
 		}

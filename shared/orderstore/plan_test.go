@@ -11,6 +11,7 @@ import (
 
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/postgres"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -117,5 +118,31 @@ func TestMovesFindTheirOrdersThroughTheKeyAsTheTableGrows(t *testing.T) {
 	})
 	if r.FullScan >= grown {
 		t.Errorf("moving 15 orders read %d order rows in full scans, of %d; want each found through its key", r.FullScan, grown+15)
+	}
+}
+
+// TestStaysAreReadThroughTheKeyOnGenericPlans: a move that does not
+// happen (the order is no longer in its from status: a redelivery) reads
+// the order's current status through the primary key, on the generic plan
+// the steps' transactions use (postgres.GenericPlans), made while orders
+// was nearly empty.
+func TestStaysAreReadThroughTheKeyOnGenericPlans(t *testing.T) {
+	ctx, db, client := newTest(t)
+	one := testenv.OneConnection(t, db)
+	r := readsAsOrdersGrow(t, db, one, client, func(o order.Order) {
+		t.Helper()
+		err := pgx.BeginTxFunc(ctx, one, postgres.GenericPlans, func(tx pgx.Tx) error {
+			m, err := orderstore.Transition(ctx, tx, o.ID, order.StatusReserved, order.StatusPaid, "")
+			if err == nil && (m.OK || m.Current != order.StatusProcessing) {
+				err = fmt.Errorf("moved or read wrong: %+v", m)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("move order %s from reserved: %v", o.ID, err)
+		}
+	})
+	if r.FullScan >= grown {
+		t.Errorf("15 moves that did not happen read %d order rows in full scans, of %d; want each found through its key", r.FullScan, grown+15)
 	}
 }
