@@ -8,6 +8,7 @@ import (
 	"orderpipe/consumers"
 	"orderpipe/consumers/pipetest"
 	"orderpipe/shared/order"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
@@ -15,11 +16,12 @@ import (
 
 // grownTables are the tables the steps read and write, which
 // TestGenericPlansStayOnTheKeysAsTheTablesGrow grows.
-var grownTables = []string{"orders", "order_events", "outbox", "payments", "reservations", "inventory", "processed_messages"}
+var grownTables = []string{"orders", "order_events", "outbox", "payments", "reservations", "inventory", "processed_messages", "webhook_deliveries"}
 
 // TestGenericPlansStayOnTheKeysAsTheTablesGrow: the steps run their
 // statements on generic plans (postgres.GenericPlans), made on the first
 // run, while the tables are nearly empty, and kept by the connection.
+// The orders have a callback, so the notifier's statements run too.
 // Every table the steps touch then grows by 20,000 rows, and orders go
 // through the same connection again: none of its statements may read a
 // table whole. A statement whose generic plan is a full scan (a plain
@@ -42,10 +44,18 @@ func TestGenericPlansStayOnTheKeysAsTheTablesGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := pipetest.Start(t, e.App, pipetest.Config(), steps...)
+	relay := &outbox.Relay{Pool: e.DB.Pool, JS: e.App.JS, Topology: e.App.Topology, Logger: e.App.Logger}
 	run := func(n int) {
 		t.Helper()
 		for range n {
-			id := e.CreateOrder(t, "3.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+			// With a callback, so that the notifier writes its deliveries.
+			id, event := e.InsertOrder(t, "3.00", pipetest.Line{SKU: "SKU-1", Qty: 1})
+			if _, err := e.DB.Pool.Exec(ctx, `UPDATE orders SET callback_url = 'http://127.0.0.1:9/hook' WHERE order_id = $1`, id); err != nil {
+				t.Fatal(err)
+			}
+			if err := relay.Publish(ctx, event); err != nil {
+				t.Fatal(err)
+			}
 			testenv.WaitFor(t, 30*time.Second, "order "+id.String()+" confirmed", func() bool { return e.Status(t, id) == order.StatusConfirmed })
 		}
 	}
@@ -62,6 +72,8 @@ func TestGenericPlansStayOnTheKeysAsTheTablesGrow(t *testing.T) {
 		`INSERT INTO inventory (sku, available) SELECT 'GROWN-' || g, 1 FROM generate_series(1, 20000) g`,
 		`INSERT INTO reservations (order_id, sku, quantity)
 		 SELECT order_id, 'GROWN-' || row_number() OVER (), 1 FROM orders WHERE starts_with(request_id, 'grown-')`,
+		`INSERT INTO webhook_deliveries (webhook_id, order_id, seq, client_id, url, payload, status)
+		 SELECT 'grown-' || order_id, order_id, 1, client_id, 'http://127.0.0.1:9/hook', '{}', 'delivered' FROM orders WHERE starts_with(request_id, 'grown-')`,
 		`INSERT INTO processed_messages (consumer, message_id) SELECT c, 'grown-' || g FROM generate_series(1, 20000) g, unnest(ARRAY['inventory', 'payment', 'confirm', 'notify']) c`,
 	} {
 		if _, err := e.DB.Pool.Exec(ctx, q); err != nil {
@@ -82,6 +94,10 @@ func TestGenericPlansStayOnTheKeysAsTheTablesGrow(t *testing.T) {
 		return e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n) == nil && n == 0
 	})
 	after := fullScans(t, e.DB, 0)
+	var deliveries int
+	if err := e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE NOT starts_with(webhook_id, 'grown-')`).Scan(&deliveries); err != nil || deliveries < 16 {
+		t.Fatalf("the notifier wrote %d deliveries (%v), want at least one per order", deliveries, err)
+	}
 	for _, table := range grownTables {
 		if n := after[table] - before[table]; n >= grown {
 			t.Errorf("8 orders read %d rows of %s in full scans after it grew by %d; want every row found through a key", n, table, grown)
