@@ -51,7 +51,7 @@ type DB interface {
 // connection, not once per run. PostgreSQL's default keeps planning a
 // statement over a key array for every run when its small arrays make a
 // custom plan look cheaper than the generic plan's guess, which is the
-// pipeline's case: at 150 orders/s its steps spent about 1.1 ms of
+// pipeline's case: at 150 orders/s its steps spent about 1.6 ms of
 // PostgreSQL's time per order planning (docs/benchmarks.md, twelfth step).
 // Only statements whose generic plan stays on their keys as the tables
 // grow may run so (see DB); TestGenericPlansStayOnTheKeysAsTheTablesGrow
