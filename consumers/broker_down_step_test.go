@@ -13,6 +13,7 @@ import (
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -39,11 +40,11 @@ func TestStepCountsMovesWhileTheBrokerIsDown(t *testing.T) {
 
 	ns.Stop()
 	testenv.WaitFor(t, 10*time.Second, "the client to see the broker gone", func() bool { return !e.App.NC.IsConnected() })
-	var outboxIDs []int64
-	fresh, committed, err := c.Commit(t.Context(), "confirm-"+id.String(), func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
-		ids, err := step.Published(orderstore.TransitionMany(ctx, tx, []orderstore.Move{{ID: id, From: order.StatusPaid, To: order.StatusConfirmed}}))
-		outboxIDs = ids
-		return ids, err
+	var events []outbox.Row
+	fresh, committed, err := c.Commit(t.Context(), "confirm-"+id.String(), func(ctx context.Context, tx pgx.Tx) ([]outbox.Row, error) {
+		rows, err := step.Published(orderstore.TransitionMany(ctx, tx, []orderstore.Move{{ID: id, From: order.StatusPaid, To: order.StatusConfirmed}}))
+		events = rows
+		return rows, err
 	})
 	if err != nil || !fresh || !committed {
 		t.Fatalf("commit with the broker down: fresh %v, committed %v, err %v; want a fresh commit", fresh, committed, err)
@@ -55,10 +56,10 @@ func TestStepCountsMovesWhileTheBrokerIsDown(t *testing.T) {
 	if f, n := finished()-finishedBefore, timed()-timedBefore; f != 1 || n != 1 {
 		t.Errorf("with the broker down, %v order(s) counted confirmed and %d stage time(s) observed; want 1 and 1", f, n)
 	}
-	if len(outboxIDs) != 1 {
-		t.Fatalf("outbox rows of the move: %v; want one", outboxIDs)
+	if len(events) != 1 {
+		t.Fatalf("outbox rows of the move: %v; want one", events)
 	}
-	pending := testenv.Column[int64](t, e.DB.Pool, `SELECT id FROM outbox WHERE id = $1 AND published_at IS NULL`, outboxIDs[0])
+	pending := testenv.Column[int64](t, e.DB.Pool, `SELECT id FROM outbox WHERE id = $1 AND published_at IS NULL`, events[0].ID)
 	if len(pending) != 1 {
 		t.Errorf("the confirmed event was stamped published with the broker down; want it pending for the relay")
 	}

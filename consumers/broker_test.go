@@ -11,6 +11,7 @@ import (
 	"orderpipe/consumers/pipetest"
 	"orderpipe/consumers/step"
 	"orderpipe/shared/orderevent"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
@@ -63,7 +64,7 @@ func TestBusyWorkersDoNotBurnDeliveries(t *testing.T) {
 		} else {
 			secondDelivered.Store(int64(m.Delivered))
 		}
-		_, err := commit(ctx, func(context.Context, pgx.Tx) ([]int64, error) { return nil, nil })
+		_, err := commit(ctx, func(context.Context, pgx.Tx) ([]outbox.Row, error) { return nil, nil })
 		return err
 	}}
 	pipetest.Start(t, e.App, cfg, slow)

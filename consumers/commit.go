@@ -92,7 +92,7 @@ func (c *committer) commit(ctx context.Context, m step.Message, apply step.Apply
 // A failed batch of more than one runs again message by message.
 func (c *committer) flush(batch []*commitJob) {
 	t0 := time.Now()
-	fresh, ids, err := c.transact(batch)
+	fresh, events, err := c.transact(batch)
 	metrics.StepBatchSize.WithLabelValues(c.step).Observe(float64(len(batch)))
 	metrics.StepBatchDuration.WithLabelValues(c.step).Observe(time.Since(t0).Seconds())
 	if err != nil {
@@ -107,13 +107,13 @@ func (c *committer) flush(batch []*commitJob) {
 		}
 		return
 	}
-	go c.published(batch, fresh, ids)
+	go c.published(batch, fresh, events)
 }
 
 // published is the part after the commit: metrics, the inline publish of
-// the batch's events (the relay publishes them later if this fails), the
-// answers.
-func (c *committer) published(batch []*commitJob, fresh []bool, ids []int64) {
+// the batch's events from memory (the relay publishes them later if this
+// fails), the answers.
+func (c *committer) published(batch []*commitJob, fresh []bool, events []outbox.Row) {
 	ctx := batch[0].ctx
 	var after error
 	n := 0
@@ -130,17 +130,15 @@ func (c *committer) published(batch []*commitJob, fresh []bool, ids []int64) {
 	}
 	var acked outbox.Acked
 	if after == nil {
-		// One read serves the metrics and the publish: the rows go out
-		// from memory. It happens with the broker down too, so that the
-		// metrics count every move.
-		rows, err := c.p.relay.ReadPending(ctx, ids...)
-		if err == nil {
-			observeMoves(rows)
-			acked, err = c.p.relay.PublishRows(ctx, rows)
-		}
-		if err != nil {
+		// The rows the transaction wrote serve the metrics and the
+		// publish, as the intake's do: no read after the commit, and no
+		// relay takes them before they are MinAge old. The metrics count
+		// every move, with the broker down too.
+		observeMoves(events)
+		var err error
+		if acked, err = c.p.relay.PublishRows(ctx, events); err != nil {
 			// Committed: the relay publishes the pending rows later.
-			Logger(ctx).WarnContext(ctx, "inline publish after commit; the relay will retry", slog.Any("error", err), slog.Int("events", len(ids)))
+			Logger(ctx).WarnContext(ctx, "inline publish after commit; the relay will retry", slog.Any("error", err), slog.Int("events", len(events)))
 		}
 	}
 	for i, j := range batch {
@@ -160,10 +158,10 @@ func (c *committer) published(batch []*commitJob, fresh []bool, ids []int64) {
 
 // transact runs the batch in one transaction and returns, per message,
 // whether it was fresh (its dedupe row new, its apply run), and the outbox
-// ids of all applies. The transaction's statements run on their generic
+// rows of all applies. The transaction's statements run on their generic
 // plans (postgres.GenericPlans): a step's small batches are not planned
 // again at every run.
-func (c *committer) transact(batch []*commitJob) (fresh []bool, ids []int64, err error) {
+func (c *committer) transact(batch []*commitJob) (fresh []bool, events []outbox.Row, err error) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	fresh = make([]bool, len(batch))
@@ -182,7 +180,7 @@ func (c *committer) transact(batch []*commitJob) (fresh []bool, ids []int64, err
 				return nil
 			}
 			out, err := c.batch(ctx, tx, ms)
-			ids = out
+			events = out
 			return err
 		}
 		for i, j := range batch {
@@ -197,14 +195,14 @@ func (c *committer) transact(batch []*commitJob) (fresh []bool, ids []int64, err
 			if err != nil {
 				return err
 			}
-			ids = append(ids, out...)
+			events = append(events, out...)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	return fresh, ids, nil
+	return fresh, events, nil
 }
 
 // dedupe inserts the batch's dedupe rows in one statement and marks which

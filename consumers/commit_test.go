@@ -14,6 +14,7 @@ import (
 
 	"orderpipe/consumers"
 	"orderpipe/consumers/step"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -33,7 +34,7 @@ type commitCase struct {
 func groupCommit(t *testing.T, c *consumers.Committer, cases []*commitCase) {
 	t.Helper()
 	effect := func(msgID string, fail error) step.Apply {
-		return func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+		return func(ctx context.Context, tx pgx.Tx) ([]outbox.Row, error) {
 			if fail != nil {
 				return nil, fail
 			}
@@ -44,7 +45,7 @@ func groupCommit(t *testing.T, c *consumers.Committer, cases []*commitCase) {
 	release, started := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_, _, err := c.Commit(t.Context(), "blocker-"+t.Name(), func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+		_, _, err := c.Commit(t.Context(), "blocker-"+t.Name(), func(ctx context.Context, tx pgx.Tx) ([]outbox.Row, error) {
 			close(started)
 			<-release
 			return effect("blocker-"+t.Name(), nil)(ctx, tx)
@@ -202,7 +203,7 @@ func TestTwoReplicasOfAStepDoNotDeadlockOnDedupeRows(t *testing.T) {
 	for r, c := range []*consumers.Committer{a, b} {
 		started := make(chan struct{})
 		wg.Go(func() {
-			_, _, err := c.Commit(t.Context(), fmt.Sprintf("blocker-%d", r), func(context.Context, pgx.Tx) ([]int64, error) {
+			_, _, err := c.Commit(t.Context(), fmt.Sprintf("blocker-%d", r), func(context.Context, pgx.Tx) ([]outbox.Row, error) {
 				close(started)
 				<-release
 				return nil, nil
@@ -216,7 +217,7 @@ func TestTwoReplicasOfAStepDoNotDeadlockOnDedupeRows(t *testing.T) {
 				id = fmt.Sprintf("m%02d", n-1-i)
 			}
 			wg.Go(func() {
-				_, _, err := c.Commit(t.Context(), id, func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+				_, _, err := c.Commit(t.Context(), id, func(ctx context.Context, tx pgx.Tx) ([]outbox.Row, error) {
 					_, err := tx.Exec(ctx, `INSERT INTO gc_effects (msg_id, tx) VALUES ($1, txid_current())`, id)
 					return nil, err
 				})

@@ -344,7 +344,7 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 }
 
 // observeMoves records, for the status changes a step just committed (its
-// outbox rows, as read for the publish), the time since the order was
+// outbox rows, as written and published), the time since the order was
 // accepted, and counts the orders that reached a terminal state. The
 // acceptance time is the one in the order's id (a UUIDv7 the intake takes
 // just before the statement that sets created_at, to the millisecond), so

@@ -24,6 +24,7 @@ import (
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
@@ -303,7 +304,7 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 				continue
 			}
 			if inner := steps[j].Batch; inner != nil {
-				steps[j].Batch = func(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
+				steps[j].Batch = func(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]outbox.Row, error) {
 					handled[i].Add(int64(len(ms)))
 					return inner(ctx, tx, ms)
 				}

@@ -11,6 +11,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
 )
 
 // Name is the step's durable consumer name.
@@ -18,7 +19,7 @@ const Name = "confirm"
 
 // Step returns the confirmation step.
 func Step() step.Step {
-	return step.BatchStep(Name, []orderevent.Name{orderevent.Paid}, func(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
+	return step.BatchStep(Name, []orderevent.Name{orderevent.Paid}, func(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]outbox.Row, error) {
 		ms = step.FirstPerOrder(ms)
 		moves := make([]orderstore.Move, len(ms))
 		for i, m := range ms {

@@ -14,6 +14,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/stock"
 )
 
@@ -30,7 +31,7 @@ func Step() step.Step {
 // processing (stock.ReserveMany, in the order the messages came) and moves
 // each to reserved, or to rejected with the reason. An order that moved on
 // (a late or repeated message, or the compensator) is left alone.
-func reserve(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
+func reserve(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]outbox.Row, error) {
 	ms = step.FirstPerOrder(ms)
 	got, err := step.LockOrders(ctx, tx, ms)
 	if err != nil {

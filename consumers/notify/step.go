@@ -11,6 +11,7 @@ import (
 
 	"orderpipe/consumers/step"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/postgres"
 )
 
@@ -45,7 +46,7 @@ func Step(db postgres.DB) step.Step {
 		// change itself comes from the history there, and the rest is
 		// fixed at creation but for updated_at, which either read takes
 		// after the change committed.
-		_, err = commit(ctx, func(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+		_, err = commit(ctx, func(ctx context.Context, tx pgx.Tx) ([]outbox.Row, error) {
 			_, err := applyTo(ctx, tx, o, m.Event)
 			if errors.Is(err, ErrNoHistory) {
 				return nil, step.Permanent(err)

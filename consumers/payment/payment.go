@@ -41,6 +41,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
@@ -219,7 +220,7 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 // charge is left alone: only its dedupe row is written. An order that was
 // cancelled or rejected meanwhile fails the batch with errOrderCancelled,
 // so that alone its message settles the charge.
-func (p *paymentStep) record(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]int64, error) {
+func (p *paymentStep) record(ctx context.Context, tx pgx.Tx, ms []step.Message) ([]outbox.Row, error) {
 	var todo []step.Message
 	for _, m := range ms {
 		if c, ok := m.Intent.(*charged); ok {

@@ -37,6 +37,7 @@ import (
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderevent"
 	"orderpipe/shared/orderstore"
+	"orderpipe/shared/outbox"
 )
 
 // Message is one decoded delivery.
@@ -63,15 +64,16 @@ type Message struct {
 }
 
 // Apply is a step's effect. It runs inside the step's transaction, after
-// the dedupe row was inserted, and returns the outbox ids (from
-// orderstore.Transition) to publish right after the commit.
+// the dedupe row was inserted, and returns the outbox rows it wrote (the
+// Event of orderstore.Transition's Moved) to publish right after the
+// commit.
 //
 // The transaction may be shared with other messages of the same step (the
 // router's group commit), and when it fails Apply runs once more, alone, in
 // a transaction of its own: an Apply must use only tx for its effects and
 // keep no state across runs (a variable it sets must be set afresh on each
 // run).
-type Apply func(ctx context.Context, tx pgx.Tx) (publish []int64, err error)
+type Apply func(ctx context.Context, tx pgx.Tx) (publish []outbox.Row, err error)
 
 // Commit runs apply in one transaction with the dedupe row, commits, and
 // publishes. done is false when the dedupe row already existed (another
@@ -90,10 +92,10 @@ type CommitIntent func(ctx context.Context, intent any) (done bool, err error)
 // effect for many messages at once, set-based, in one transaction after
 // their dedupe rows. ms are the batch's fresh messages in the order they
 // came (two of them may name the same order: a redelivery beside a
-// re-drive); it returns the outbox ids to publish after the commit. An
+// re-drive); it returns the outbox rows to publish after the commit. An
 // error fails the batch, which then runs again one message at a time, so
 // that an error (a permanent one, say) belongs to one message.
-type Batch func(ctx context.Context, tx pgx.Tx, ms []Message) (publish []int64, err error)
+type Batch func(ctx context.Context, tx pgx.Tx, ms []Message) (publish []outbox.Row, err error)
 
 // Step is one pipeline step.
 type Step struct {
@@ -137,19 +139,19 @@ func FirstPerOrder(ms []Message) []Message {
 	return out
 }
 
-// Published returns the outbox ids of the moves that happened, for a step
-// to return to the router: Published(orderstore.TransitionMany(…)).
-func Published(ms []orderstore.Moved, err error) ([]int64, error) {
+// Published returns the outbox rows of the moves that happened, for a
+// step to return to the router: Published(orderstore.TransitionMany(…)).
+func Published(ms []orderstore.Moved, err error) ([]outbox.Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ids []int64
+	var rows []outbox.Row
 	for _, m := range ms {
 		if m.OK {
-			ids = append(ids, m.OutboxID)
+			rows = append(rows, m.Event)
 		}
 	}
-	return ids, nil
+	return rows, nil
 }
 
 // OrderIDs returns the orders of ms.

@@ -24,11 +24,11 @@ import (
 // id, for the caller to publish right after its commit. The intake calls it
 // for a new order; Transition calls it for every move.
 func Record(ctx context.Context, tx pgx.Tx, orderID, clientID uuid.UUID, requestID string, status order.Status, reason string) (int64, error) {
-	ids, err := RecordMany(ctx, tx, []Change{{OrderID: orderID, ClientID: clientID, RequestID: requestID, Status: status, Reason: reason}})
+	rows, err := RecordMany(ctx, tx, []Change{{OrderID: orderID, ClientID: clientID, RequestID: requestID, Status: status, Reason: reason}})
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	return rows[0].ID, nil
 }
 
 // Change is one order that has just entered a status, for RecordMany.
@@ -59,8 +59,8 @@ func (c Change) event(at time.Time) orderevent.Event {
 
 // RecordMany is Record for many orders at once, each at most once, in two
 // statements (the history rows, then the outbox events), and returns their
-// outbox row ids in the order given.
-func RecordMany(ctx context.Context, tx pgx.Tx, cs []Change) ([]int64, error) {
+// outbox rows (outbox.EnqueueMany) in the order given.
+func RecordMany(ctx context.Context, tx pgx.Tx, cs []Change) ([]outbox.Row, error) {
 	n := len(cs)
 	ids, statuses, reasons := make([]uuid.UUID, n), make([]string, n), make([]string, n)
 	at := make(map[uuid.UUID]int, n)
@@ -112,6 +112,9 @@ type Moved struct {
 	Current order.Status
 	// OutboxID is the event to publish after commit (when OK).
 	OutboxID int64
+	// Event is that event's outbox row, to publish from memory
+	// (outbox.Relay.PublishRows).
+	Event outbox.Row
 }
 
 // Transition moves an order from one status to another if, and only if, it
@@ -221,12 +224,12 @@ func TransitionMany(ctx context.Context, tx pgx.Tx, ms []Move) ([]Moved, error) 
 	if len(changes) == 0 {
 		return out, nil
 	}
-	oids, err := RecordMany(ctx, tx, changes)
+	events, err := RecordMany(ctx, tx, changes)
 	if err != nil {
 		return nil, err
 	}
 	for k, i := range changed {
-		out[i].OutboxID = oids[k]
+		out[i].OutboxID, out[i].Event = events[k].ID, events[k]
 	}
 	return out, nil
 }

@@ -49,11 +49,11 @@ const (
 // announces, which defeats the point) and returns its row id. The event's
 // headers carry ctx's trace.
 func Enqueue(ctx context.Context, tx postgres.DB, e orderevent.Event) (int64, error) {
-	ids, err := EnqueueMany(ctx, tx, []Entry{{Ctx: ctx, Event: e}})
+	rows, err := EnqueueMany(ctx, tx, []Entry{{Ctx: ctx, Event: e}})
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	return rows[0].ID, nil
 }
 
 // Entry is one event for EnqueueMany, with the context whose trace its
@@ -64,9 +64,11 @@ type Entry struct {
 }
 
 // EnqueueMany writes events to the outbox in the caller's transaction in
-// one statement (a group commit's events) and returns their row ids, in
-// the order given. No two of them may have the same order and message id.
-func EnqueueMany(ctx context.Context, tx postgres.DB, ps []Entry) ([]int64, error) {
+// one statement (a group commit's events) and returns their rows as
+// written, ids included, in the order given: the caller publishes them
+// from memory after its commit (PublishRows). No two of them may have the
+// same order and message id.
+func EnqueueMany(ctx context.Context, tx postgres.DB, ps []Entry) ([]Row, error) {
 	rows, err := Rows(ctx, ps)
 	if err != nil {
 		return nil, err
@@ -86,7 +88,6 @@ func EnqueueMany(ctx context.Context, tx postgres.DB, ps []Entry) ([]int64, erro
 	for i, x := range rows {
 		at[x.OrderID.String()+" "+x.MsgID] = i
 	}
-	ids := make([]int64, len(rows))
 	for q.Next() {
 		var id int64
 		var oid uuid.UUID
@@ -95,13 +96,13 @@ func EnqueueMany(ctx context.Context, tx postgres.DB, ps []Entry) ([]int64, erro
 			q.Close()
 			return nil, fmt.Errorf("enqueue %d event(s): %w", len(rows), err)
 		}
-		ids[at[oid.String()+" "+msgID]] = id
+		rows[at[oid.String()+" "+msgID]].ID = id
 	}
 	q.Close()
 	if err := q.Err(); err != nil {
 		return nil, fmt.Errorf("enqueue %d event(s): %w", len(rows), err)
 	}
-	return ids, nil
+	return rows, nil
 }
 
 // Row is one outbox row as it is written and published: the event's
@@ -259,12 +260,12 @@ func (r *Relay) Publish(ctx context.Context, ids ...int64) error {
 	return err
 }
 
-// PublishIDs publishes the given rows if they are still pending:
-// ReadPending, then PublishRows. It returns what the broker acknowledged,
+// PublishIDs publishes the given rows if they are still pending: it
+// reads them, then PublishRows. It returns what the broker acknowledged,
 // for Stamp (Publish does both). When the connection to NATS is down it
-// returns at once, without reading the rows. A caller that needs the rows
-// as well (a pipeline step's batch, for its metrics) calls ReadPending and
-// PublishRows itself.
+// returns at once, without reading the rows. A caller that wrote the rows
+// itself (the intake, a pipeline step's batch) has them from EnqueueMany
+// and calls PublishRows.
 func (r *Relay) PublishIDs(ctx context.Context, ids ...int64) (Acked, error) {
 	if len(ids) == 0 {
 		return Acked{}, nil
@@ -273,19 +274,19 @@ func (r *Relay) PublishIDs(ctx context.Context, ids ...int64) (Acked, error) {
 	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
 		return Acked{}, fmt.Errorf("%w: not connected (%s); %d event(s) left to the relay", ErrBrokerUnavailable, nc.Status(), len(ids))
 	}
-	batch, err := r.ReadPending(ctx, ids...)
+	batch, err := r.readPending(ctx, ids...)
 	if err != nil {
 		return Acked{}, err
 	}
 	return r.PublishRows(ctx, batch)
 }
 
-// ReadPending reads the given rows that are still pending, in id order,
+// readPending reads the given rows that are still pending, in id order,
 // for PublishRows. They are read, not claimed (the inline path runs right
 // after their commit, long before a relay takes them at MinAge; should one
 // do so, the broker's duplicate window drops the second copy), and a row a
 // relay holds the lease of is left out: it is the relay's to publish.
-func (r *Relay) ReadPending(ctx context.Context, ids ...int64) ([]Row, error) {
+func (r *Relay) readPending(ctx context.Context, ids ...int64) ([]Row, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
