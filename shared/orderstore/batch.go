@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/order"
@@ -78,23 +79,24 @@ type Key struct {
 // rids[i], for every i; a key without an order is absent from the map.
 // Each key is looked up through the (client_id, request_id) index, also
 // by a plan PostgreSQL cached while orders was nearly empty (see
-// postgres.DB).
-func GetByRequestIDs(ctx context.Context, q postgres.DB, clients []uuid.UUID, rids []string) (map[Key]order.Order, error) {
-	rows, err := q.Query(ctx, `SELECT o.* FROM unnest($1::uuid[], $2::text[]) AS k(client_id, request_id)
+// postgres.DB). The query runs on its generic plan
+// (postgres.QueryGeneric): the intake's batches of repeated requests are
+// not planned again at every read, so db is a pool or a connection, not a
+// transaction.
+func GetByRequestIDs(ctx context.Context, db postgres.Batcher, clients []uuid.UUID, rids []string) (map[Key]order.Order, error) {
+	stored := make(map[Key]order.Order, len(rids))
+	err := postgres.QueryGeneric(ctx, db, func(rows pgx.Rows) error {
+		for rows.Next() {
+			o, err := scanOrder(rows)
+			if err != nil {
+				return err
+			}
+			stored[Key{o.ClientID, o.RequestID}] = o
+		}
+		return rows.Err()
+	}, `SELECT o.* FROM unnest($1::uuid[], $2::text[]) AS k(client_id, request_id)
 		CROSS JOIN LATERAL (SELECT `+orderColumns+` FROM orders WHERE client_id = k.client_id AND request_id = k.request_id LIMIT 1) o`, clients, rids)
 	if err != nil {
-		return nil, fmt.Errorf("read orders by request_id: %w", err)
-	}
-	defer rows.Close()
-	stored := make(map[Key]order.Order, len(rids))
-	for rows.Next() {
-		o, err := scanOrder(rows)
-		if err != nil {
-			return nil, err
-		}
-		stored[Key{o.ClientID, o.RequestID}] = o
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read orders by request_id: %w", err)
 	}
 	return stored, nil
