@@ -68,8 +68,9 @@ type Batcher interface {
 }
 
 // ExecGeneric runs one statement as GenericPlans do, in a transaction of
-// its own sent in one round trip (BEGIN, the setting, the statement and
-// COMMIT in one pipeline).
+// its own sent in one round trip: the setting and the statement in one
+// pipeline, which PostgreSQL runs as one implicit transaction, ended by
+// the pipeline's Sync.
 func ExecGeneric(ctx context.Context, db Batcher, sql string, args ...any) (pgconn.CommandTag, error) {
 	var tag pgconn.CommandTag
 	err := generic(ctx, db, func(b *pgx.Batch) {
@@ -87,19 +88,17 @@ func QueryGeneric(ctx context.Context, db Batcher, read func(pgx.Rows) error, sq
 	return generic(ctx, db, func(b *pgx.Batch) { b.Queue(sql, args...).Query(read) })
 }
 
-// generic sends BEGIN, the setting, what queue adds and COMMIT as one
-// batch. When a statement fails, PostgreSQL skips the rest and the
-// transaction is rolled back with its setting (a pool drops a connection
-// left in a failed transaction).
+// generic sends the setting and what queue adds as one batch: one
+// implicit transaction, which the batch's Sync commits. When a statement
+// fails, PostgreSQL skips the rest and rolls the transaction back, its
+// setting with it.
 func generic(ctx context.Context, db Batcher, queue func(*pgx.Batch)) error {
 	if _, ok := db.(pgx.Tx); ok {
 		return errors.New("postgres: a statement on generic plans runs in a transaction of its own: give it a pool or a connection, not a transaction")
 	}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
 	b.Queue(genericPlans)
 	queue(b)
-	b.Queue("COMMIT")
 	return db.SendBatch(ctx, b).Close()
 }
 
