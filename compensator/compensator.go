@@ -714,7 +714,7 @@ func (c *Compensator) unwind(ctx context.Context, tx pgx.Tx, o stuckOrder, a Act
 	if err := c.record(ctx, tx, a); err != nil {
 		return a, 0, nil, err
 	}
-	return a, moved.OutboxID, lines, nil
+	return a, moved.Event.ID, lines, nil
 }
 
 // eventPending reports whether an event of the order still waits in the

@@ -196,12 +196,12 @@ func (w *world) newOrder(s spec) uuid.UUID {
 			}
 		}
 		m, err := orderstore.Transition(ctx, tx, id, order.StatusProcessing, order.StatusReserved, "")
-		outboxIDs = append(outboxIDs, m.OutboxID)
+		outboxIDs = append(outboxIDs, m.Event.ID)
 		if err != nil || s.status == order.StatusReserved {
 			return err
 		}
 		m, err = orderstore.Transition(ctx, tx, id, order.StatusReserved, s.status, "")
-		outboxIDs = append(outboxIDs, m.OutboxID)
+		outboxIDs = append(outboxIDs, m.Event.ID)
 		return err
 	})
 	if err != nil {

@@ -32,7 +32,7 @@ func TestRenotifyAFinalEventTheBrokerLost(t *testing.T) {
 		var oid int64
 		if err := pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
 			m, err := orderstore.Transition(ctx, tx, id, order.StatusPaid, order.StatusConfirmed, "")
-			oid = m.OutboxID
+			oid = m.Event.ID
 			return err
 		}); err != nil {
 			t.Fatal(err)

@@ -41,7 +41,7 @@ func reservedOrders(t *testing.T, e *pipetest.Env, n int) (ids []uuid.UUID, rese
 			if err == nil && !moved.OK {
 				err = fmt.Errorf("order %s is %s", id, moved.Current)
 			}
-			reserved = append(reserved, moved.OutboxID)
+			reserved = append(reserved, moved.Event.ID)
 			return err
 		})
 		if err != nil {

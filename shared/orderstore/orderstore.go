@@ -110,10 +110,8 @@ type Moved struct {
 	// Current is the order's status after the call (the new one when OK,
 	// the one that stopped the move otherwise).
 	Current order.Status
-	// OutboxID is the event to publish after commit (when OK).
-	OutboxID int64
-	// Event is that event's outbox row, to publish from memory
-	// (outbox.Relay.PublishRows).
+	// Event is the outbox row of the event to publish after commit (when
+	// OK), ID included, to publish from memory (outbox.Relay.PublishRows).
 	Event outbox.Row
 }
 
@@ -229,7 +227,7 @@ func TransitionMany(ctx context.Context, tx pgx.Tx, ms []Move) ([]Moved, error) 
 		return nil, err
 	}
 	for k, i := range changed {
-		out[i].OutboxID, out[i].Event = events[k].ID, events[k]
+		out[i].Event = events[k]
 	}
 	return out, nil
 }

@@ -60,7 +60,7 @@ func TestTransitionIsConditionalAndRecorded(t *testing.T) {
 		}
 		return m
 	}
-	if m := move(order.StatusProcessing, order.StatusReserved); !m.OK || m.OutboxID == 0 {
+	if m := move(order.StatusProcessing, order.StatusReserved); !m.OK || m.Event.ID == 0 {
 		t.Fatalf("first move: %+v", m)
 	}
 	if m := move(order.StatusProcessing, order.StatusReserved); m.OK || m.Current != order.StatusReserved {
@@ -159,7 +159,7 @@ func TestTransitionManyMovesEachOrderOnItsOwnCondition(t *testing.T) {
 	if !got[0].OK || got[0].Current != order.StatusRejected || got[1].OK || got[1].Current != order.StatusReserved || !got[2].OK || got[2].Current != order.StatusReserved {
 		t.Fatalf("moves: %+v", got)
 	}
-	if got[0].OutboxID == 0 || got[2].OutboxID == 0 || got[1].OutboxID != 0 {
+	if got[0].Event.ID == 0 || got[2].Event.ID == 0 || got[1].Event.ID != 0 {
 		t.Fatalf("outbox ids: %+v", got)
 	}
 	for _, want := range []struct {
@@ -167,7 +167,7 @@ func TestTransitionManyMovesEachOrderOnItsOwnCondition(t *testing.T) {
 		order  uuid.UUID
 		event  string
 		reason string
-	}{{got[0].OutboxID, c, "rejected", "out of stock"}, {got[2].OutboxID, a, "reserved", ""}} {
+	}{{got[0].Event.ID, c, "rejected", "out of stock"}, {got[2].Event.ID, a, "reserved", ""}} {
 		var oid uuid.UUID
 		var event, reason string
 		if err := db.Pool.QueryRow(ctx, `SELECT order_id, event, coalesce(convert_from(payload, 'UTF8')::jsonb->>'reason', '') FROM outbox WHERE id = $1`, want.id).Scan(&oid, &event, &reason); err != nil {
