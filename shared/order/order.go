@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/google/uuid"
@@ -100,17 +99,35 @@ const MaxRequestIDLen = 64
 // shared by the HTTP validator, the OpenAPI document and the MCP schema.
 const RequestIDPattern = `^[A-Za-z0-9._:-]{1,64}$`
 
-var requestIDRe = regexp.MustCompile(RequestIDPattern)
-
 // ErrInvalidRequestID is returned by ValidateRequestID.
 var ErrInvalidRequestID = errors.New("request_id must be 1-64 characters of A-Z a-z 0-9 . _ : -")
 
 // ValidateRequestID checks the request_id rule of DESIGN.md.
 func ValidateRequestID(id string) error {
-	if !requestIDRe.MatchString(id) {
+	if !keyChars(id, MaxRequestIDLen, ':') {
 		return ErrInvalidRequestID
 	}
 	return nil
+}
+
+// keyChars reports whether s is 1 to maxLen bytes of A-Z a-z 0-9 . _ - and,
+// when extra is not 0, extra: the rule of RequestIDPattern (extra ':') and
+// SKUPattern (extra 0), checked without a regular expression on the
+// intake's path.
+func keyChars(s string, maxLen int, extra byte) bool {
+	if len(s) == 0 || len(s) > maxLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == '-':
+		case extra != 0 && c == extra:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // NewRequestID returns a request_id in the recommended form: "ORD", the UTC

@@ -1,6 +1,7 @@
 package order
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -60,4 +61,25 @@ func TestTransitions(t *testing.T) {
 	if Status("shipped").Valid() {
 		t.Error("unknown status valid")
 	}
+}
+
+// The rules' regular expressions, the oracles of the validators' loops.
+var requestIDRe, skuRe = regexp.MustCompile(RequestIDPattern), regexp.MustCompile(SKUPattern)
+
+// FuzzKeyChars checks the loop that validates request_ids and SKUs against
+// the regular expressions that document them (RequestIDPattern,
+// SKUPattern), which the OpenAPI document and the MCP schema publish.
+func FuzzKeyChars(f *testing.F) {
+	for _, s := range []string{"", "a", "ORD20261202143022a3f9c1", "x.y_z:1-2", "SKU-1", "a b", "ü", "a\n", "a:b",
+		strings.Repeat("a", 64), strings.Repeat("a", 65), strings.Repeat("a", 63) + "é"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := ValidateRequestID(s) == nil, requestIDRe.MatchString(s); got != want {
+			t.Errorf("request_id %q: valid=%t, %s says %t", s, got, RequestIDPattern, want)
+		}
+		if got, want := keyChars(s, MaxSKULen, 0), skuRe.MatchString(s); got != want {
+			t.Errorf("sku %q: valid=%t, %s says %t", s, got, SKUPattern, want)
+		}
+	})
 }
