@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"orderpipe/consumers"
 	"orderpipe/consumers/pipetest"
 	"orderpipe/shared/order"
@@ -24,9 +26,12 @@ var grownTables = []string{"orders", "order_events", "outbox", "payments", "rese
 // The orders have a callback, so the notifier's statements run too.
 // Every table the steps touch then grows by 20,000 rows, and orders go
 // through the same connection again: none of its statements may read a
-// table whole. A statement whose generic plan is a full scan (a plain
-// join of unnest with a table) fails it with hundreds of thousands of
-// rows read.
+// table or an index whole. A statement whose generic plan is a full scan
+// (a plain join of unnest with a table) fails it with hundreds of
+// thousands of rows read; one that scans a partial index whole (the
+// payment step's record on the unsettled payments' index, which keeps an
+// entry for every payment's pending version until a vacuum) with tens of
+// thousands of index entries read.
 func TestGenericPlansStayOnTheKeysAsTheTablesGrow(t *testing.T) {
 	t.Parallel()
 	e := pipetest.New(t, pspserver.Options{})
@@ -39,6 +44,13 @@ func TestGenericPlansStayOnTheKeysAsTheTablesGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.App.Pool = one
+	// Every payment is pending before it succeeds; until a vacuum, the
+	// partial index of unsettled payments keeps an entry for each pending
+	// version. No autovacuum on payments, so that the entries stay; set
+	// before the first orders, since it makes the connection plan again.
+	if _, err := e.DB.Pool.Exec(ctx, `ALTER TABLE payments SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
 	steps, err := consumers.Steps(e.App)
 	if err != nil {
 		t.Fatal(err)
@@ -62,13 +74,22 @@ func TestGenericPlansStayOnTheKeysAsTheTablesGrow(t *testing.T) {
 	run(8)
 
 	const grown = 20000
-	testenv.GrowOrders(t, e.DB.Pool, e.ClientID, grown)
+	// The growth runs on a connection of its own, closed before the
+	// counters are read: a backend reports all of its counters as it ends
+	// (its foreign key checks read orders' index).
+	grow, err := postgres.OpenSized(context.Background(), e.DB.URL, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.GrowOrders(t, grow, e.ClientID, grown)
 	for _, q := range []string{
 		`INSERT INTO order_events (order_id, seq, status) SELECT order_id, 1, 'confirmed' FROM orders WHERE starts_with(request_id, 'grown-')`,
 		`INSERT INTO outbox (msg_id, event, payload, order_id, published_at)
 		 SELECT 'grown-' || order_id, 'order.confirmed', '\x00', order_id, now() FROM orders WHERE starts_with(request_id, 'grown-')`,
-		`INSERT INTO payments (order_id, idempotency_key, amount, currency, status, charge_id)
-		 SELECT order_id, 'grown-' || order_id, 1, 'CNY', 'succeeded', 'grown-' || order_id FROM orders WHERE starts_with(request_id, 'grown-')`,
+		// Pending first, then succeeded, as every payment.
+		`INSERT INTO payments (order_id, idempotency_key, amount, currency, status)
+		 SELECT order_id, 'grown-' || order_id, 1, 'CNY', 'pending' FROM orders WHERE starts_with(request_id, 'grown-')`,
+		`UPDATE payments SET status = 'succeeded', charge_id = 'grown-' || order_id WHERE starts_with(idempotency_key, 'grown-')`,
 		`INSERT INTO inventory (sku, available) SELECT 'GROWN-' || g, 1 FROM generate_series(1, 20000) g`,
 		`INSERT INTO reservations (order_id, sku, quantity)
 		 SELECT order_id, 'GROWN-' || row_number() OVER (), 1 FROM orders WHERE starts_with(request_id, 'grown-')`,
@@ -76,42 +97,65 @@ func TestGenericPlansStayOnTheKeysAsTheTablesGrow(t *testing.T) {
 		 SELECT 'grown-' || order_id, order_id, 1, client_id, 'http://127.0.0.1:9/hook', '{}', 'delivered' FROM orders WHERE starts_with(request_id, 'grown-')`,
 		`INSERT INTO processed_messages (consumer, message_id) SELECT c, 'grown-' || g FROM generate_series(1, 20000) g, unnest(ARRAY['inventory', 'payment', 'confirm', 'notify']) c`,
 	} {
-		if _, err := e.DB.Pool.Exec(ctx, q); err != nil {
+		if _, err := grow.Exec(ctx, q); err != nil {
 			t.Fatalf("grow: %v\n%s", err, q)
 		}
 	}
+	closeReported(t, e.DB, grow, "the growth's backend")
 	before := fullScans(t, e.DB, grown)
 	run(8)
 	r.Stop(t)
-	// The connection's backend reports its last counters as it ends.
-	var pid int
-	if err := one.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	one.Close()
-	testenv.WaitFor(t, 30*time.Second, "the pipeline's backend gone", func() bool {
-		var n int
-		return e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n) == nil && n == 0
-	})
+	closeReported(t, e.DB, one, "the pipeline's backend")
 	after := fullScans(t, e.DB, 0)
 	var deliveries int
 	if err := e.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE NOT starts_with(webhook_id, 'grown-')`).Scan(&deliveries); err != nil || deliveries < 16 {
 		t.Fatalf("the notifier wrote %d deliveries (%v), want at least one per order", deliveries, err)
 	}
-	for _, table := range grownTables {
-		if n := after[table] - before[table]; n >= grown {
-			t.Errorf("8 orders read %d rows of %s in full scans after it grew by %d; want every row found through a key", n, table, grown)
+	for name, n := range after {
+		if n -= before[name]; n >= grown {
+			t.Errorf("8 orders read %d entries of %s in full scans after it grew by %d; want every row found through a key", n, name, grown)
 		}
 	}
 }
 
-// fullScans returns the rows read by full scans of each of grownTables,
-// once every counter shows at least atLeast rows inserted (the growth
+// closeReported closes pool, a pool of one connection, and waits until
+// its backend is gone: a backend reports its last counters as it ends.
+func closeReported(t *testing.T, db *testenv.Database, pool *pgxpool.Pool, what string) {
+	t.Helper()
+	var pid int
+	if err := pool.QueryRow(t.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	testenv.WaitFor(t, 30*time.Second, what+" gone", func() bool {
+		var n int
+		return db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n) == nil && n == 0
+	})
+}
+
+// fullScans returns the rows read by full scans of each of grownTables
+// and the entries read from each of their indexes ("table.index"), once
+// every table's counter shows at least atLeast rows inserted (the growth
 // reported).
 func fullScans(t *testing.T, db *testenv.Database, atLeast int64) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
 	testenv.WaitFor(t, 30*time.Second, "the tables' counters", func() bool {
+		indexes, err := db.Pool.Query(t.Context(), `SELECT relname || '.' || indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = ANY($1)`, grownTables)
+		if err != nil {
+			return false
+		}
+		for indexes.Next() {
+			var name string
+			var read int64
+			if indexes.Scan(&name, &read) != nil {
+				return false
+			}
+			out[name] = read
+		}
+		if indexes.Err() != nil {
+			return false
+		}
 		rows, err := db.Pool.Query(t.Context(), `SELECT relname, n_tup_ins, seq_tup_read FROM pg_stat_user_tables WHERE relname = ANY($1)`, grownTables)
 		if err != nil {
 			return false
