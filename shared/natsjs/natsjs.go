@@ -74,11 +74,20 @@ func StreamConfig(t orderevent.Topology, replicas int) jetstream.StreamConfig {
 	}
 }
 
-// EnsureStream creates or updates the stream so that it matches
-// StreamConfig. It is called at every start, so a broker that lost its
-// streams gets them back.
+// EnsureStream creates the stream, or updates it when its configuration
+// differs from StreamConfig. It is called at every start, so a broker that
+// lost its streams gets them back. A stream that already matches is left
+// alone: a create with the same configuration is answered with the stream,
+// where an update would rewrite its store's configuration (which
+// nats-server 2.15 does without a lock that a consumer's creation on the
+// same stream reads, and several subscribers of one process provision at
+// once).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, t orderevent.Topology, replicas int) (jetstream.Stream, error) {
-	s, err := js.CreateOrUpdateStream(ctx, StreamConfig(t, replicas))
+	cfg := StreamConfig(t, replicas)
+	s, err := js.CreateStream(ctx, cfg)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		s, err = js.UpdateStream(ctx, cfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("provision stream %s: %w", t.Stream, err)
 	}

@@ -88,6 +88,54 @@ func TestEnsureStreamIsIdempotentAndUndoesDrift(t *testing.T) {
 	}
 }
 
+// EnsureStream runs at every start and whenever a part finds the stream
+// missing, often in several goroutines of one process at once (each step's
+// subscriber). On a stream that already matches it must not send an
+// update: nats-server 2.15.3 updates a stream's file store without a lock
+// that a consumer's creation on the same stream reads (a data race in
+// `go test -race ./consumers/`, the stream re-provisioned by three
+// subscribers while the first created its consumer). It creates the stream,
+// and updates it only when its configuration differs.
+func TestEnsureStreamSendsNoUpdateToAMatchingStream(t *testing.T) {
+	env := testenv.NATS(t) // the stream is provisioned already
+	updates, err := env.Conn.SubscribeSync("$JS.API.STREAM.UPDATE." + env.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := natsjs.EnsureStream(t.Context(), env.JS, env.Topology, 1); err != nil {
+			t.Fatalf("ensure an existing stream: %v", err)
+		}
+	}
+	// A request sent on this connection reaches the subscription before
+	// the answer to a later ping.
+	if err := env.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := updates.Pending(); err != nil || n != 0 {
+		t.Fatalf("ensuring a matching stream 3 times sent %d update requests (%v), want 0", n, err)
+	}
+
+	// A stream that differs is updated (the drift test checks how).
+	drift := streamConfig(t, env.JS, env.Topology.Stream)
+	drift.Description = "edited by hand"
+	if _, err := env.JS.UpdateStream(t.Context(), drift); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsjs.EnsureStream(t.Context(), env.JS, env.Topology, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := updates.Pending(); err != nil || n != 2 {
+		t.Fatalf("%d update requests (%v), want 2: the drift and its undoing", n, err)
+	}
+}
+
 func TestEnsureStreamRefusesReplicasOnOneServer(t *testing.T) {
 	env := testenv.NATS(t)
 	top := orderevent.Topology{Stream: env.Topology.Stream + "_R3", Prefix: env.Topology.Prefix + "_r3"}
