@@ -818,11 +818,16 @@ func (c *Compensator) sweep(ctx context.Context, res *Result) error {
 	}
 	// Published events of orders that are no longer open: the order's
 	// history stays in order_events; heal needs only open orders' rows.
-	// Old rows come first in id order, so the primary key finds them.
+	// Old rows come first in id order, so the primary key finds them, up
+	// to the first row created within the retention: every row below it is
+	// older, and a row published within the retention was created within
+	// it. Without that bound, a prune that found nothing to delete read the
+	// whole outbox (the retention's worth of events) at every pass.
 	if err := c.drain(&res.OutboxPruned, exec("prune published outbox rows", `
 		DELETE FROM outbox WHERE id = ANY (ARRAY(
 			SELECT ob.id FROM outbox ob
-			WHERE ob.published_at < now() - make_interval(secs => $1::float8)
+			WHERE ob.id < coalesce((SELECT y.id FROM outbox y WHERE y.created_at >= now() - make_interval(secs => $1::float8) ORDER BY y.id LIMIT 1), 9223372036854775807)
+			  AND ob.published_at < now() - make_interval(secs => $1::float8)
 			  AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.order_id = ob.order_id AND o.status IN ('processing', 'reserved', 'paid'))
 			ORDER BY ob.id LIMIT $2 FOR UPDATE SKIP LOCKED))`, c.cfg.OutboxRetention)); err != nil {
 		return err

@@ -548,6 +548,9 @@ func TestPassPrunesPublishedOutboxRows(t *testing.T) {
 	w := newWorld(t)
 	done := w.newOrder(spec{status: order.StatusCancelled})
 	open := w.newOrder(spec{status: order.StatusReserved})
+	// Ids follow the rows' creation: the orders' own events, the first
+	// rows, were created before the ones below (and published recently).
+	w.exec(`UPDATE outbox SET created_at = now() - interval '5 days'`)
 	w.exec(`INSERT INTO outbox (msg_id, event, payload, headers, order_id, published_at, created_at) VALUES
 		('done-old', 'confirmed', '{}', '{}', $1, now() - interval '4 days', now() - interval '4 days'),
 		('done-young', 'confirmed', '{}', '{}', $1, now() - interval '1 hour', now() - interval '1 hour'),
@@ -564,6 +567,42 @@ func TestPassPrunesPublishedOutboxRows(t *testing.T) {
 	}
 	if after := w.int(`SELECT count(*) FROM outbox`); after != before-int(res.OutboxPruned) {
 		t.Fatalf("outbox rows %d → %d, pruned %d", before, after, res.OutboxPruned)
+	}
+}
+
+// The prune reads the outbox's rows past the retention, not the whole
+// table: the outbox keeps --outbox-retention (72h) of every published
+// event, and the compensator prunes at every pass. When nothing is old
+// enough, the prune's scan in id order found no row to stop at and read
+// every row.
+func TestPruneReadsOnlyRowsPastTheRetention(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	done := w.newOrder(spec{status: order.StatusCancelled})
+	open := w.newOrder(spec{status: order.StatusReserved})
+	w.exec(`UPDATE outbox SET created_at = now() - interval '5 days'`) // as above
+	w.exec(`INSERT INTO outbox (msg_id, event, payload, headers, order_id, published_at, created_at) VALUES
+		('done-old', 'confirmed', '{}', '{}', $1, now() - interval '4 days', now() - interval '4 days'),
+		('open-old', 'reserved', '{}', '{}', $2, now() - interval '4 days', now() - interval '4 days')`, done, open)
+	const young = 20000
+	w.exec(`INSERT INTO outbox (msg_id, event, payload, order_id, published_at, created_at)
+		SELECT 'young-' || g, 'order.confirmed', '{}', $1, now() - interval '1 hour', now() - interval '1 hour' FROM generate_series(1, $2) g`, done, young)
+	one := testenv.OneConnection(t, w.db)
+	c, err := compensator.New(w.cfg(3), one, w.relay, w.psp, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := w.pass(c); res.OutboxPruned != 1 {
+		t.Fatalf("pruned %d rows, want done-old only: %s", res.OutboxPruned, res.Summary())
+	}
+	// One update through the pass's connection, by key, marks its
+	// counters in.
+	marker := w.int(`SELECT id FROM outbox WHERE msg_id = 'open-old'`)
+	if _, err := one.Exec(t.Context(), `UPDATE outbox SET claimed_until = NULL WHERE id = $1`, marker); err != nil {
+		t.Fatal(err)
+	}
+	if r := testenv.TableReads(t, w.db, one, "outbox", 1); r.FullScan+r.ByIndex >= young {
+		t.Errorf("a pass read %d outbox rows (%d in full scans) to prune 1 of %d; want the young rows left unread", r.FullScan+r.ByIndex, r.FullScan, young+2)
 	}
 }
 
