@@ -606,6 +606,36 @@ func TestPruneReadsOnlyRowsPastTheRetention(t *testing.T) {
 	}
 }
 
+// A pass reads the idempotency tokens once, for its gauge of tokens by
+// state: settling the tokens whose holder died looks up the processing
+// ones through their index (migration 00015), and the sweep the expired
+// unused ones through theirs. A used token lives as long as its order.
+// Before, the two statements of the settle read the whole table too.
+func TestPassReadsTheTokensOnceForItsGauge(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	const grown = 20000
+	testenv.GrowOrders(t, w.db.Pool, w.client, grown)
+	w.exec(`INSERT INTO idempotency_tokens (token, client_id, state, expires_at, used_at, order_id)
+		SELECT 'opt1.' || substr(md5(order_id::text) || md5(order_id::text), 1, 48), client_id, 'used', now() + interval '1 day', now(), order_id
+		FROM orders WHERE starts_with(request_id, 'grown-')`)
+	one := testenv.OneConnection(t, w.db)
+	c, err := compensator.New(w.cfg(3), one, w.relay, w.psp, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.pass(c)
+	// One update through the pass's connection, by key, marks its
+	// counters in.
+	marker := w.str(`SELECT token FROM idempotency_tokens LIMIT 1`)
+	if _, err := one.Exec(t.Context(), `UPDATE idempotency_tokens SET used_at = used_at WHERE token = $1`, marker); err != nil {
+		t.Fatal(err)
+	}
+	if r := testenv.TableReads(t, w.db, one, "idempotency_tokens", 1); r.FullScan+r.ByIndex >= 2*grown {
+		t.Errorf("a pass read %d token rows (%d in full scans) of %d; want one read, for the gauge", r.FullScan+r.ByIndex, r.FullScan, grown)
+	}
+}
+
 // A pass settles tokens whose holder died: used with the order that
 // committed, unused again once SettleGrace past the lease without one; a
 // token still under its lease is left to its holder.
