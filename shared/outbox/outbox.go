@@ -241,10 +241,16 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // PublishPending publishes up to Batch pending rows older than minAge, in
 // id order, and returns how many it published. Rows claimed by another
-// relay are skipped.
+// relay are skipped. The pending rows are walked in id order up to the
+// first one younger than minAge: every pending row below it is older, and
+// the ones above it are the last moments' rows, which the inline publish
+// is about to stamp (without that bound a pass under load read all of
+// them, every second).
 func (r *Relay) PublishPending(ctx context.Context, minAge time.Duration) (int, error) {
 	r.defaults()
-	return r.publishWhere(ctx, "relay", `created_at <= now() - make_interval(secs => $1) ORDER BY id LIMIT $2`, minAge.Seconds(), r.Batch)
+	return r.publishWhere(ctx, "relay", `created_at <= now() - make_interval(secs => $1)
+		AND id < coalesce((SELECT y.id FROM outbox y WHERE y.published_at IS NULL AND y.created_at > now() - make_interval(secs => $1) ORDER BY y.id LIMIT 1), 9223372036854775807)
+		ORDER BY id LIMIT $2`, minAge.Seconds(), r.Batch)
 }
 
 // Publish publishes the given rows now if they are still pending (the

@@ -276,6 +276,33 @@ func TestPublishPendingRespectsMinAgeAndBatch(t *testing.T) {
 	}
 }
 
+// TestAPassReadsOnlyRowsOldEnough: a relay's pass (every second, in every
+// process) claims pending rows older than its minimum age, which the
+// inline publish left behind. Under load the pending index also holds
+// every row of the last seconds, which the inline publish is about to
+// stamp: the pass walked them all in id order looking for old ones.
+func TestAPassReadsOnlyRowsOldEnough(t *testing.T) {
+	db, env := testenv.DB(t), testenv.NATS(t)
+	one := testenv.OneConnection(t, db)
+	r := &outbox.Relay{Pool: one, JS: env.JS, Topology: env.Topology, Logger: testenv.Logger(t)}
+	_, old := enqueue(t, db.Pool)
+	if _, err := db.Pool.Exec(t.Context(), `UPDATE outbox SET created_at = now() - interval '1 hour' WHERE id = $1`, old); err != nil {
+		t.Fatal(err)
+	}
+	const young = 20000
+	if _, err := db.Pool.Exec(t.Context(), `
+		INSERT INTO outbox (msg_id, event, payload)
+		SELECT 'young-' || g, 'order.accepted', '\x7b7d' FROM generate_series(1, $1) g`, young); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.PublishPending(t.Context(), time.Minute); err != nil || n != 1 {
+		t.Fatalf("pass with minAge 1m: %d, %v; want the old row only", n, err)
+	}
+	if r := testenv.TableReads(t, db, one, "outbox", 1); r.FullScan+r.ByIndex >= young {
+		t.Errorf("a pass read %d outbox rows (%d in full scans) to claim 1 of %d; want the young rows left unread", r.FullScan+r.ByIndex, r.FullScan, young+1)
+	}
+}
+
 func TestPublishPendingBatchLimit(t *testing.T) {
 	db, _, r := newRelay(t)
 	r.Batch = 2
