@@ -40,6 +40,15 @@ import (
 // (orderstore.TransitionMany, the outbox's stamp). A redundant "key =
 // ANY($1)" beside a plain join is not enough: depending on the table's
 // size when the plan was cached, PostgreSQL answers it with a full scan.
+//
+// A partial index is the exception. When a constant condition of the
+// statement implies the index's predicate (status = 'pending' and the
+// unsettled payments' index), the join form's plan may scan that whole
+// index and filter it by the join; the index keeps an entry for every
+// row version that matched its predicate until a vacuum. There, "key =
+// ANY($1)" is what gives the plan the keys as its index condition
+// (payments.RecordMany); TestGenericPlansStayOnTheKeysAsTheTablesGrow
+// counts index entries read as well as rows.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
