@@ -250,6 +250,7 @@ func TestCommandsRefuseBadArguments(t *testing.T) {
 		{consumers.InventoryCommand(), []string{"set", "SKU-1", "-5"}},
 		{consumers.InventoryCommand(), []string{"set", "SKU-1", "lots"}},
 		{consumers.InventoryCommand(), []string{"set", "SKU 1", "5"}},
+		{consumers.InventoryCommand(), []string{"set", "SKU:1", "5"}}, // no order can name it
 		{consumers.InventoryCommand(), []string{"set", strings.Repeat("S", 65), "5"}},
 		{consumers.InventoryCommand(), []string{"set", "SKU-1", "5", "6"}},
 		{consumers.InventoryCommand(), []string{"list", "x"}},

@@ -36,6 +36,10 @@ const (
 // A-Z a-z 0-9 . _ -.
 const SKUPattern = `^[A-Za-z0-9._-]{1,64}$`
 
+// ValidSKU reports whether sku follows SKUPattern: the rule of an order's
+// items, and of the stock that `inventory set` accepts.
+func ValidSKU(sku string) bool { return keyChars(sku, MaxSKULen, 0) }
+
 // ErrRequestIDReused is returned when a request_id comes back with a payload
 // whose fingerprint differs from the stored order's. Nothing is changed.
 var ErrRequestIDReused = errors.New("request_id was already used with a different payload")
@@ -434,7 +438,7 @@ func decodeItems(ve *ValidationError, raw json.RawMessage) []Item {
 		var it Item
 		skuField := itemField(i, ".sku")
 		if sku, ok := decodeString(ve, skuField, wi[mSKU]); ok {
-			if !keyChars(sku, MaxSKULen, 0) {
+			if !ValidSKU(sku) {
 				ve.add(skuField, "must be 1-%d characters of A-Z a-z 0-9 . _ -", MaxSKULen)
 			} else if j, dup := seen[sku]; dup {
 				ve.add(skuField, "repeats items[%d]; put the whole quantity on one line", j)

@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 
 	"github.com/google/uuid"
@@ -223,15 +222,14 @@ func Restock(ctx context.Context, tx pgx.Tx, ls []Line) error {
 	return nil
 }
 
-// skuRe is what `inventory set` accepts as a SKU.
-var skuRe = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+// ErrBadSKU is returned for a SKU outside order.SKUPattern, which no order
+// could name.
+var ErrBadSKU = errors.New("sku must be 1-64 characters of A-Z a-z 0-9 . _ -")
 
-// ErrBadSKU is returned for a SKU outside [A-Za-z0-9._:-]{1,64}.
-var ErrBadSKU = errors.New("sku must be 1-64 characters of A-Z a-z 0-9 . _ : -")
-
-// ValidSKU returns ErrBadSKU for a SKU that Set refuses.
+// ValidSKU returns ErrBadSKU for a SKU that Set refuses: one that an
+// order's items could not name (order.ValidSKU).
 func ValidSKU(sku string) error {
-	if !skuRe.MatchString(sku) {
+	if !order.ValidSKU(sku) {
 		return ErrBadSKU
 	}
 	return nil
