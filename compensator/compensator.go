@@ -762,7 +762,7 @@ func (c *Compensator) republish(ctx context.Context, res *Result) error {
 
 // tokens settles the idempotency tokens whose holder died, deletes those
 // that expired unused longer than their retention ago, in batches, and
-// counts the tokens per state for the gauge.
+// counts the tokens not used yet per state for the gauge.
 func (c *Compensator) tokens(ctx context.Context, res *Result) error {
 	settled, err := idemtoken.Settle(ctx, c.pool)
 	if err != nil {
@@ -774,7 +774,7 @@ func (c *Compensator) tokens(ctx context.Context, res *Result) error {
 	}); err != nil {
 		return err
 	}
-	counts, err := idemtoken.Counts(ctx, c.pool)
+	counts, err := idemtoken.CountOutstanding(ctx, c.pool)
 	if err != nil {
 		return err
 	}

@@ -8,10 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"orderpipe/producer"
 	"orderpipe/producer/client"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/idemtoken"
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/testenv"
 )
@@ -153,6 +156,41 @@ func TestTokenHundredConcurrentRequests(t *testing.T) {
 	}
 }
 
+// orderpipe_idempotency_tokens_used_total counts a token once as it
+// becomes used, whether the intake marks it or the compensator's settle
+// does for a holder that died; replays and other tokens do not move it.
+// Not parallel: the counter is the process's.
+func TestTokensUsedCounter(t *testing.T) {
+	h := setup(t, producer.Options{})
+	ctx := t.Context()
+	used := func() float64 { return testutil.ToFloat64(metrics.TokensUsed) }
+	before := used()
+	tok := h.issueToken()
+	for i := range 3 {
+		if r := h.post(tokenOrderBody(), "Idempotency-Key", tok); r.status/100 != 2 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	if d := used() - before; d != 1 {
+		t.Fatalf("one token used, three requests: counter moved by %v", d)
+	}
+	// A holder that died after its order committed: the settle marks it.
+	orphan := h.issueToken()
+	if r := h.post(tokenOrderBody(), "Idempotency-Key", orphan); r.status != http.StatusAccepted {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE idempotency_tokens SET state = 'processing', claimed_until = now() - interval '1 second', used_at = NULL, order_id = NULL WHERE token = $1`, orphan); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := idemtoken.Settle(ctx, h.pool); err != nil || n != 1 {
+		t.Fatalf("settle: %d %v", n, err)
+	}
+	h.issueToken() // issued, never used
+	if d := used() - before; d != 3 {
+		t.Fatalf("counter moved by %v, want 3 (the intake's mark twice, the settle's once)", d)
+	}
+}
+
 // Expiry at the boundary: a token one second before its expiry places the
 // order; one at or past it is refused with code 209 (fetch a new one), and
 // nothing is written. Unknown and malformed tokens get code 208.
@@ -188,8 +226,8 @@ func TestTokenExpiryAndUnknown(t *testing.T) {
 	if n, err := idemtoken.Sweep(ctx, h.pool, -time.Hour, 100); err != nil || n != 1 {
 		t.Fatalf("sweep past the retention: %d %v", n, err)
 	}
-	counts, err := idemtoken.Counts(ctx, h.pool)
-	if err != nil || counts[idemtoken.Used] != 1 || counts[idemtoken.Expired] != 0 || len(counts) != 4 {
+	counts, err := idemtoken.CountOutstanding(ctx, h.pool)
+	if err != nil || counts[idemtoken.Expired] != 0 || counts[idemtoken.Unused] != 0 || counts[idemtoken.Processing] != 0 || len(counts) != 3 {
 		t.Fatalf("counts %v %v", counts, err)
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"orderpipe/shared/config"
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/postgres"
 )
 
@@ -187,13 +188,14 @@ func Claim(ctx context.Context, db postgres.DB, clientID uuid.UUID, token string
 // with the order of (its client, request_id = token). Nothing changes when
 // no such order committed.
 func MarkUsed(ctx context.Context, db postgres.DB, token string) error {
-	_, err := db.Exec(ctx, `
+	tag, err := db.Exec(ctx, `
 		UPDATE idempotency_tokens t SET state = 'used', order_id = o.order_id, used_at = now(), claimed_until = NULL
 		FROM orders o
 		WHERE t.token = $1 AND t.state <> 'used' AND o.client_id = t.client_id AND o.request_id = t.token`, token)
 	if err != nil {
 		return fmt.Errorf("mark token used: %w", err)
 	}
+	metrics.TokensUsed.Add(float64(tag.RowsAffected()))
 	return nil
 }
 
@@ -225,6 +227,7 @@ func Settle(ctx context.Context, db postgres.DB) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("settle tokens whose order committed: %w", err)
 	}
+	metrics.TokensUsed.Add(float64(used.RowsAffected()))
 	freed, err := db.Exec(ctx, `
 		UPDATE idempotency_tokens t SET state = 'unused', claimed_until = NULL
 		WHERE t.state = 'processing' AND t.claimed_until <= now() - make_interval(secs => $1::float8)
@@ -250,15 +253,18 @@ func Sweep(ctx context.Context, db postgres.DB, retention time.Duration, batch i
 	return tag.RowsAffected(), nil
 }
 
-// Counts returns how many tokens are in each state (every state present).
-func Counts(ctx context.Context, db postgres.DB) (map[State]int64, error) {
-	out := map[State]int64{}
-	for _, s := range States() {
-		out[s] = 0
-	}
+// CountOutstanding returns how many tokens are in each state but used
+// (unused, processing, expired; every one of them present), read through
+// the indexes of unused and processing tokens. Used tokens live as long as
+// their orders and are not counted: metrics.TokensUsed counts them as
+// they become used.
+func CountOutstanding(ctx context.Context, db postgres.DB) (map[State]int64, error) {
+	out := map[State]int64{Unused: 0, Processing: 0, Expired: 0}
 	rows, err := db.Query(ctx, `
-		SELECT CASE WHEN state = 'unused' AND expires_at <= now() THEN 'expired' ELSE state END AS s, count(*)
-		FROM idempotency_tokens GROUP BY 1`)
+		SELECT CASE WHEN expires_at <= now() THEN 'expired' ELSE 'unused' END, count(*)
+		FROM idempotency_tokens WHERE state = 'unused' GROUP BY 1
+		UNION ALL
+		SELECT 'processing', count(*) FROM idempotency_tokens WHERE state = 'processing'`)
 	if err != nil {
 		return nil, fmt.Errorf("count tokens: %w", err)
 	}

@@ -91,9 +91,13 @@ var (
 	// TokensIssued counts idempotency tokens issued by the intake.
 	TokensIssued = prometheus.NewCounter(prometheus.CounterOpts{Name: "orderpipe_idempotency_tokens_issued_total", Help: "Idempotency tokens issued (POST /v1/idempotency-tokens, MCP new_order_token)."})
 
-	// Tokens is the number of idempotency tokens by state (unused,
-	// processing, used, expired), as of the compensator's last pass.
-	Tokens = gaugeVec("orderpipe_idempotency_tokens", "Idempotency tokens by state (unused, processing, used, expired: unused past its expiry, not yet swept), at the compensator's last pass.", "state")
+	// TokensUsed counts idempotency tokens that became used: their order
+	// committed.
+	TokensUsed = prometheus.NewCounter(prometheus.CounterOpts{Name: "orderpipe_idempotency_tokens_used_total", Help: "Idempotency tokens that became used: their order committed (marked by the intake, or by the compensator for a holder that died)."})
+
+	// Tokens is the number of idempotency tokens not used yet by state
+	// (unused, processing, expired), as of the compensator's last pass.
+	Tokens = gaugeVec("orderpipe_idempotency_tokens", "Idempotency tokens not used yet, by state (unused, processing, expired: unused past its expiry, not yet swept), at the compensator's last pass. Used tokens: orderpipe_idempotency_tokens_used_total.", "state")
 
 	// OutboxPublished counts events published from the outbox.
 	OutboxPublished = counterVec("orderpipe_outbox_published_total", "Events published from the outbox, by path: inline (right after commit) or relay (a later pass).", "path")
@@ -118,7 +122,7 @@ func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, IntakeCoalesced, OrdersFinished, StageSeconds,
 		HandlerMessages, HandlerDuration, StepBatchSize, StepBatchDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
-		WebhookDeliveries, OutboxPublished, TokensIssued, Tokens}
+		WebhookDeliveries, OutboxPublished, TokensIssued, TokensUsed, Tokens}
 }
 
 // Names returns the metric names as exposed (histograms with their
