@@ -174,6 +174,9 @@ func TestAgainstARealStack(t *testing.T) {
 	if rp.Requests != 15 || rp.OrdersInDB != 5 || rp.Extra["created"] != 5 || rp.Extra["replayed"] != 10 || rp.Extra["found_by_request_id"] != 5 || len(r.Failures) != 0 {
 		t.Fatalf("replay 5×3: %+v", rp)
 	}
+	if c, p := rp.ByAnswer["created"], rp.ByAnswer["replayed"]; c.Max <= 0 || p.Max <= 0 || c.P50 > c.Max || p.P50 > p.Max || max(c.Max, p.Max) != rp.Latency.Max {
+		t.Fatalf("replay 5×3, latency by answer: %+v, all: %+v", rp.ByAnswer, rp.Latency)
+	}
 	// Each user's requests one after another, on new connections.
 	out = filepath.Join(t.TempDir(), "replay-sequential")
 	if stdout, stderr, err := invoke(t, nil, cfg, s.args("replay", out, "--users", "4", "--requests", "3", "--burst=false", "--cold")...); err != nil {

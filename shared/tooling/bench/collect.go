@@ -37,6 +37,9 @@ type Measurement struct {
 	Throughput float64 `json:"throughput_per_s"`
 	// Latency of every request (ok or not), in milliseconds.
 	Latency Latency `json:"latency_ms"`
+	// ByAnswer splits Latency by answer, for a replay: "created" (202,
+	// the call that wrote a user's order) and "replayed" (200).
+	ByAnswer map[string]Latency `json:"latency_by_answer_ms,omitempty"`
 	// Timeline has one entry per second of the run.
 	Timeline []Second `json:"timeline"`
 	// OrdersInDB is how many orders the run's request_ids have in the

@@ -226,8 +226,9 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 	}()
 	close(start)
 	var (
-		created, replayed int64
-		orderOf           = map[string]map[string]bool{} // request_id → order_ids answered
+		created, replayed       int64
+		createdLat, replayedLat vegeta.LatencyMetrics
+		orderOf                 = map[string]map[string]bool{} // request_id → order_ids answered
 	)
 	run := collect("replay", senders, pool, results, progress, func(res *vegeta.Result) {
 		a, ok := parseAnswer(res.Body)
@@ -237,8 +238,10 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		switch res.Code {
 		case http.StatusAccepted:
 			created++
+			createdLat.Add(res.Latency)
 		case http.StatusOK:
 			replayed++
+			replayedLat.Add(res.Latency)
 		}
 		if orderOf[a.RequestID] == nil {
 			orderOf[a.RequestID] = map[string]bool{}
@@ -248,6 +251,7 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 	if err := ctx.Err(); err != nil {
 		return run, err
 	}
+	run.ByAnswer = map[string]Latency{"created": summarize(&createdLat, created), "replayed": summarize(&replayedLat, replayed)}
 	run.Duplicates = max(created-int64(s.Users), 0)
 	for _, ids := range orderOf {
 		run.Duplicates += int64(len(ids) - 1)
