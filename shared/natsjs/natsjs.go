@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -149,17 +152,25 @@ type EmbeddedOptions struct {
 	// Cluster, when its Port is set, makes the server a node of a
 	// JetStream cluster (the chaos checker runs three).
 	Cluster ClusterOptions
+	// ReadyTimeout bounds the wait for the server's listeners (default
+	// 15s).
+	ReadyTimeout time.Duration
 }
 
 // ClusterOptions make an embedded server one node of a cluster.
 type ClusterOptions struct {
 	// Name of the cluster; every node gives the same.
 	Name string
-	// Port the node listens on for its peers (127.0.0.1).
+	// Port the node listens on for its peers (127.0.0.1); -1 picks a
+	// free one, which the server's ClusterAddr gives.
 	Port int
 	// Routes are the peers' cluster URLs (nats://127.0.0.1:PORT).
 	Routes []string
 }
+
+// ErrPortInUse is wrapped by StartEmbedded's error when a port it was
+// given is held by another listener.
+var ErrPortInUse = errors.New("a port is in use")
 
 // StartEmbedded runs a NATS server with JetStream in this process and waits
 // until it accepts connections.
@@ -200,10 +211,34 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 		return nil, fmt.Errorf("configure embedded NATS: %w", err)
 	}
 	go ns.Start()
-	if !ns.ReadyForConnections(15 * time.Second) {
+	wait := o.ReadyTimeout
+	if wait <= 0 {
+		wait = 15 * time.Second
+	}
+	if !ns.ReadyForConnections(wait) {
 		ns.Shutdown()
 		ns.WaitForShutdown()
-		return nil, errors.New("embedded NATS did not become ready within 15s")
+		// The server logs nothing here (NoLog): a listener that could not
+		// bind is the likely cause, so say which port is taken.
+		var taken []string
+		for _, p := range []struct {
+			name string
+			port int
+		}{{"client port", opts.Port}, {"cluster port", opts.Cluster.Port}} {
+			if p.port <= 0 {
+				continue
+			}
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
+			if err != nil {
+				taken = append(taken, fmt.Sprintf("%s %d: %v", p.name, p.port, err))
+				continue
+			}
+			_ = l.Close()
+		}
+		if len(taken) > 0 {
+			return nil, fmt.Errorf("embedded NATS did not become ready within %s: %w: %s", wait, ErrPortInUse, strings.Join(taken, "; "))
+		}
+		return nil, fmt.Errorf("embedded NATS did not become ready within %s", wait)
 	}
 	return ns, nil
 }

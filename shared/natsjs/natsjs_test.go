@@ -2,9 +2,11 @@ package natsjs_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -262,43 +264,61 @@ func TestStartEmbeddedRefusesAMalformedRoute(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
+// A port another listener holds is named in the error, instead of a
+// server that never becomes ready for no given reason.
+func TestStartEmbeddedNamesAPortInUse(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	taken := l.Addr().(*net.TCPAddr).Port
+	_, err = natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: t.TempDir(), Name: "busy", ReadyTimeout: 2 * time.Second,
+		Cluster: natsjs.ClusterOptions{Name: "c", Port: taken}})
+	if !errors.Is(err, natsjs.ErrPortInUse) || !strings.Contains(err.Error(), fmt.Sprintf("cluster port %d", taken)) {
+		t.Fatalf("a cluster port in use: %v", err)
+	}
 }
 
 func TestStartEmbeddedCluster(t *testing.T) {
-	ports := []int{freePort(t), freePort(t), freePort(t)}
-	routes := make([]string, len(ports))
-	for i, p := range ports {
-		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", p)
-	}
 	var nodes []*server.Server
-	t.Cleanup(func() {
+	stop := func() {
 		for _, ns := range nodes {
 			ns.Shutdown()
 			ns.WaitForShutdown()
 		}
-	})
+		nodes = nil
+	}
+	t.Cleanup(stop)
 	start := time.Now()
-	for i, p := range ports {
-		var peers []string
-		for j, r := range routes {
-			if j != i {
-				peers = append(peers, r)
+	// The ports are picked before the nodes listen on them (each node
+	// routes to the others), so another test may take one meanwhile:
+	// then StartEmbedded names it, and the cluster starts over on others.
+	for attempt := 1; ; attempt++ {
+		ports := []int{freePort(t), freePort(t), freePort(t)}
+		routes := make([]string, len(ports))
+		for i, p := range ports {
+			routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", p)
+		}
+		var err error
+		for i, p := range ports {
+			var ns *server.Server
+			ns, err = natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: t.TempDir(), Name: fmt.Sprintf("n%d", i),
+				Cluster: natsjs.ClusterOptions{Name: "orderpipe-test", Port: p, Routes: slices.Delete(slices.Clone(routes), i, i+1)}})
+			if err != nil {
+				err = fmt.Errorf("node %d: %w", i, err)
+				break
 			}
+			nodes = append(nodes, ns)
 		}
-		ns, err := natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: t.TempDir(), Name: fmt.Sprintf("n%d", i),
-			Cluster: natsjs.ClusterOptions{Name: "orderpipe-test", Port: p, Routes: peers}})
-		if err != nil {
-			t.Fatalf("node %d: %v", i, err)
+		if err == nil {
+			break
 		}
-		nodes = append(nodes, ns)
+		stop()
+		if !errors.Is(err, natsjs.ErrPortInUse) || attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("attempt %d: %v", attempt, err)
 	}
 	_, js := testenv.Connect(t, nodes[0].ClientURL())
 	top := orderevent.Topology{Stream: "CLU", Prefix: "clu"}
@@ -320,4 +340,14 @@ func TestStartEmbeddedCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("3-node cluster with an R3 stream in %s", time.Since(start).Round(time.Millisecond))
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
