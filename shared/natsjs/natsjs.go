@@ -161,8 +161,7 @@ type EmbeddedOptions struct {
 type ClusterOptions struct {
 	// Name of the cluster; every node gives the same.
 	Name string
-	// Port the node listens on for its peers (127.0.0.1); -1 picks a
-	// free one, which the server's ClusterAddr gives.
+	// Port the node listens on for its peers (127.0.0.1).
 	Port int
 	// Routes are the peers' cluster URLs (nats://127.0.0.1:PORT).
 	Routes []string
