@@ -252,6 +252,10 @@ func TestEndToEndAndCompare(t *testing.T) {
 		c.IntakeMedian != r.Runs[1].Throughput || c.Ratio <= 0 || !strings.Contains(stdout, "ratio") {
 		t.Fatalf("compare result: %+v\n%s", r, stdout)
 	}
+	if b, i := r.Runs[0].CPU, r.Runs[1].CPU; b != nil && i != nil && (c.BaselineMachineUS != b.PerOK["machine"] || c.IntakeMachineUS != i.PerOK["machine"] ||
+		c.CostRatio != c.BaselineMachineUS/c.IntakeMachineUS || !strings.Contains(stdout, "cost ratio")) {
+		t.Fatalf("compare, machine per answer: %+v\n%s", c, stdout)
+	}
 }
 
 // Tooling (bench, chaos, the dev and test environments, the stand-in) is

@@ -56,6 +56,15 @@ type Comparison struct {
 	BaselineP99 float64 `json:"baseline_p99_ms"`
 	IntakeP50   float64 `json:"intake_p50_ms"`
 	IntakeP99   float64 `json:"intake_p99_ms"`
+	// BaselineMachineUS and IntakeMachineUS are the medians over the
+	// rounds of the whole machine's processor time per answer, in µs
+	// (Linux; 0 elsewhere). CostRatio is baseline / intake: the ratio the
+	// intake would reach if both kept the machine equally busy. It moves
+	// less from run to run than Ratio, which also follows how busy each
+	// kept the machine.
+	BaselineMachineUS float64 `json:"baseline_machine_us_per_ok,omitempty"`
+	IntakeMachineUS   float64 `json:"intake_machine_us_per_ok,omitempty"`
+	CostRatio         float64 `json:"cost_ratio,omitempty"`
 }
 
 // Run runs the action of s against the stack, prints progress to progress
@@ -145,7 +154,13 @@ func runCompare(ctx context.Context, s Settings, pool *pgxpool.Pool, res *Result
 		fmt.Fprintf(progress, "settled  %d orders terminal in %s (%d still open)\n", int64(len(ids))-open, took.Round(time.Millisecond), open)
 		return nil
 	}
-	var base, intake, bp50, bp99, ip50, ip99 []float64
+	var base, intake, bp50, bp99, ip50, ip99, bcpu, icpu []float64
+	machine := func(m Measurement) []float64 {
+		if m.CPU == nil || m.CPU.PerOK["machine"] <= 0 {
+			return nil
+		}
+		return []float64{m.CPU.PerOK["machine"]}
+	}
 	for round := 1; round <= s.Rounds; round++ {
 		if err := settle(); err != nil {
 			return err
@@ -156,6 +171,7 @@ func runCompare(ctx context.Context, s Settings, pool *pgxpool.Pool, res *Result
 			return err
 		}
 		base, bp50, bp99 = append(base, b.Throughput), append(bp50, b.Latency.P50), append(bp99, b.Latency.P99)
+		bcpu = append(bcpu, machine(b)...)
 		if err := settle(); err != nil {
 			return err
 		}
@@ -168,11 +184,16 @@ func runCompare(ctx context.Context, s Settings, pool *pgxpool.Pool, res *Result
 			ids = append(ids, o.orderID)
 		}
 		intake, ip50, ip99 = append(intake, r.Throughput), append(ip50, r.Latency.P50), append(ip99, r.Latency.P99)
+		icpu = append(icpu, machine(r)...)
 		fmt.Fprintf(progress, "round %d of %d: baseline %.0f/s, intake %.0f/s (%.3f×)\n", round, s.Rounds, b.Throughput, r.Throughput, ratio(r.Throughput, b.Throughput))
 	}
 	c := &Comparison{Rounds: s.Rounds, BaselineMedian: median(base), IntakeMedian: median(intake),
 		BaselineP50: median(bp50), BaselineP99: median(bp99), IntakeP50: median(ip50), IntakeP99: median(ip99)}
 	c.Ratio = ratio(c.IntakeMedian, c.BaselineMedian)
+	if len(bcpu) == s.Rounds && len(icpu) == s.Rounds {
+		c.BaselineMachineUS, c.IntakeMachineUS = median(bcpu), median(icpu)
+		c.CostRatio = ratio(c.BaselineMachineUS, c.IntakeMachineUS)
+	}
 	res.Compare = c
 	return nil
 }
@@ -240,6 +261,10 @@ func printSummary(w io.Writer, res *Result) {
 	if c := res.Compare; c != nil {
 		fmt.Fprintf(w, "\ncompare, medians of %d rounds: baseline %.1f inserts/s (p50 %.2f ms, p99 %.2f ms), intake %.1f orders/s (p50 %.2f ms, p99 %.2f ms): ratio %.3f×\n",
 			c.Rounds, c.BaselineMedian, c.BaselineP50, c.BaselineP99, c.IntakeMedian, c.IntakeP50, c.IntakeP99, c.Ratio)
+		if c.CostRatio > 0 {
+			fmt.Fprintf(w, "machine per answer, medians: baseline %.0f µs, intake %.0f µs: cost ratio %.3f× (the ratio with the machine equally busy for both)\n",
+				c.BaselineMachineUS, c.IntakeMachineUS, c.CostRatio)
+		}
 	}
 	if e := res.E2E; e != nil {
 		fmt.Fprintf(w, "\ne2e: %d accepted at %.1f/s; %d terminal %v, %d open; completion %.1f orders/s end to end; %d open when the load stopped, drained in %.1fs\n",
