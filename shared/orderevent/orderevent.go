@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -110,9 +111,9 @@ func (e Event) MsgID() string {
 // MsgID returns the deterministic message id of (order, event, re-drive).
 func MsgID(orderID uuid.UUID, name Name, redrive int) string {
 	if redrive == 0 {
-		return fmt.Sprintf("%s:%s", orderID, name)
+		return orderID.String() + ":" + string(name)
 	}
-	return fmt.Sprintf("%s:%s:r%d", orderID, name, redrive)
+	return orderID.String() + ":" + string(name) + ":r" + strconv.Itoa(redrive)
 }
 
 // ErrMalformed marks a payload that can never be processed (bad JSON,
@@ -162,13 +163,14 @@ func (e Event) validate() error {
 // Headers returns the message headers of e (besides the trace context,
 // which the transport adds).
 func (e Event) Headers() map[string]string {
-	return map[string]string{
-		HeaderMsgID:     e.MsgID(),
-		HeaderRequestID: e.RequestID,
-		HeaderOrderID:   e.OrderID.String(),
-		HeaderClientID:  e.ClientID.String(),
-		HeaderEvent:     string(e.Name),
-	}
+	// Room for the trace context that the outbox adds (tracing.Inject).
+	h := make(map[string]string, 8)
+	h[HeaderMsgID] = e.MsgID()
+	h[HeaderRequestID] = e.RequestID
+	h[HeaderOrderID] = e.OrderID.String()
+	h[HeaderClientID] = e.ClientID.String()
+	h[HeaderEvent] = string(e.Name)
+	return h
 }
 
 // Topology names the stream and subjects. Production uses DefaultTopology;

@@ -135,11 +135,11 @@ func Rows(ctx context.Context, ps []Entry) ([]Row, error) {
 		h := e.Headers()
 		tracing.Inject(tctx, h) // the change's trace continues in every handler
 		rows[i] = Row{OrderID: e.OrderID, MsgID: e.MsgID(), Event: string(e.Name), Payload: payload, Headers: h}
-		key := e.OrderID.String() + " " + rows[i].MsgID
-		if seen[key] {
+		// The message id names the order and the event (orderevent.MsgID).
+		if seen[rows[i].MsgID] {
 			return nil, fmt.Errorf("enqueue %s event of order %s twice in one statement", e.Name, e.OrderID)
 		}
-		seen[key] = true
+		seen[rows[i].MsgID] = true
 	}
 	return rows, nil
 }
@@ -157,13 +157,52 @@ func Columns(rows []Row) ([]any, error) {
 	n := len(rows)
 	msgIDs, events, payloads, headers, orders := make([]string, n), make([]string, n), make([][]byte, n), make([][]byte, n), make([][16]byte, n)
 	for i, x := range rows {
-		hb, err := json.Marshal(x.Headers)
+		hb, err := headersJSON(x.Headers)
 		if err != nil {
 			return nil, fmt.Errorf("encode the headers of %s: %w", x.MsgID, err)
 		}
 		msgIDs[i], events[i], payloads[i], headers[i], orders[i] = x.MsgID, x.Event, x.Payload, hb, x.OrderID
 	}
 	return []any{msgIDs, events, payloads, headers, orders}, nil
+}
+
+// headersJSON encodes headers as a JSON object, as json.Marshal does. Its
+// keys and values are ids, names and trace context: printable ASCII with
+// nothing to escape, which it writes as they are; anything else goes
+// through json.Marshal.
+func headersJSON(h map[string]string) ([]byte, error) {
+	n := 2
+	for k, v := range h {
+		if !plainJSON(k) || !plainJSON(v) {
+			return json.Marshal(h)
+		}
+		n += len(k) + len(v) + 6
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for k, v := range h {
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, k...)
+		b = append(b, `":"`...)
+		b = append(b, v...)
+		b = append(b, '"')
+	}
+	return append(b, '}'), nil
+}
+
+// plainJSON reports whether s needs no escaping inside a JSON string (and
+// none that json.Marshal would add for HTML: <, >, &).
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 // Relay publishes pending outbox rows.
@@ -461,12 +500,17 @@ func (r *Relay) publishBatch(ctx context.Context, batch []Row) (done, seqs, fail
 }
 
 func (r *Relay) message(x Row) *nats.Msg {
-	msg := &nats.Msg{Subject: r.Topology.Subject(orderevent.Name(x.Event)), Data: x.Payload, Header: nats.Header{}}
+	// nats.Header.Set stores a one-value slice per key; the values share
+	// one backing array here.
+	h := make(nats.Header, len(x.Headers)+1)
+	vals := make([]string, 0, len(x.Headers)+1)
 	for k, v := range x.Headers {
-		msg.Header.Set(k, v)
+		vals = append(vals, v)
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
-	msg.Header.Set(orderevent.HeaderMsgID, x.MsgID)
-	return msg
+	vals = append(vals, x.MsgID)
+	h[orderevent.HeaderMsgID] = vals[len(vals)-1 : len(vals) : len(vals)]
+	return &nats.Msg{Subject: r.Topology.Subject(orderevent.Name(x.Event)), Data: x.Payload, Header: h}
 }
 
 // readPendingSQL reads the rows ($1) still pending and not leased by a
