@@ -118,7 +118,9 @@ func permuted[T any](perm []int, a []T) []T {
 // request or by another in the same batch, is answered from the stored
 // order: replayed when its fingerprint matches, ErrRequestIDReused
 // otherwise. It returns one result per request, in order; an error means
-// the batch did not commit (and no request of it was stored).
+// the batch did not commit (and no request of it was stored). Once the
+// batch committed, a failure to read the stored orders is the error of
+// the requests that needed them only.
 func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOrderNo func(time.Time) string) ([]BatchResult, error) {
 	if newOrderNo == nil {
 		newOrderNo = order.NewOrderNo
@@ -220,7 +222,16 @@ func InsertBatch(ctx context.Context, pool *pgxpool.Pool, reqs []NewOrder, newOr
 	}
 	stored, err := GetByRequestIDs(ctx, pool, missClients, missRIDs)
 	if err != nil {
-		return nil, fmt.Errorf("read the stored orders of repeated requests: %w", err)
+		// The batch committed: its new orders are answered, and only the
+		// requests that needed the read get its error (their retries are
+		// read again).
+		err = fmt.Errorf("read the stored orders of repeated requests: %w", err)
+		for i := range reqs {
+			if !inserted[i] {
+				res[i].Err = err
+			}
+		}
+		return res, nil
 	}
 	for i := range reqs {
 		if inserted[i] {

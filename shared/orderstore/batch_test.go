@@ -1,10 +1,17 @@
 package orderstore_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/order"
 	"orderpipe/shared/orderstore"
@@ -98,5 +105,96 @@ func TestConcurrentBatchesOfTheSameRequestsDoNotDeadlock(t *testing.T) {
 		if n := count(t, db.Pool, `SELECT count(*) FROM orders WHERE request_id LIKE $1`, fmt.Sprintf("storm-%d-%%", round)); n != users {
 			t.Fatalf("round %d: %d orders, want %d", round, n, users)
 		}
+	}
+}
+
+// killReads is a pgx tracer that kills its connection's backend (with
+// pg_terminate_backend, from admin) before the first batch that reads
+// orders by request_id is sent: a server fault between a group commit's
+// commit and its read of the stored orders.
+type killReads struct {
+	admin  *pgxpool.Pool
+	killed atomic.Bool
+	err    error
+}
+
+func (k *killReads) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (k *killReads) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (k *killReads) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	reads := false
+	for _, q := range data.Batch.QueuedQueries {
+		reads = reads || strings.Contains(q.SQL, "AS k(client_id, request_id)")
+	}
+	if !reads || k.killed.Swap(true) {
+		return ctx
+	}
+	pid := conn.PgConn().PID()
+	if _, err := k.admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		k.err = err
+		return ctx
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var alive bool
+		if err := k.admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive); err != nil || !alive {
+			k.err = err
+			return ctx
+		}
+		if time.Now().After(deadline) {
+			k.err = fmt.Errorf("backend %d still alive", pid)
+			return ctx
+		}
+		runtime.Gosched()
+	}
+}
+
+func (k *killReads) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (k *killReads) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// TestABatchThatCommittedAnswersItsNewOrdersWhenTheReadAfterFails: a batch
+// of a new request and a repeated one commits the new order, then reads the
+// repeated one's stored order. When that read fails (its backend killed),
+// the batch has still committed: the new request is answered with its
+// order (202 for the client, not an error or a replay of its own order on
+// the retry), and only the repeated request gets the read's error.
+func TestABatchThatCommittedAnswersItsNewOrdersWhenTheReadAfterFails(t *testing.T) {
+	ctx, db, client := newTest(t)
+	if _, err := orderstore.Insert(ctx, db.Pool, client, request(t, "old", `"39.98"`), orderstore.InsertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracer := &killReads{admin: db.Pool}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	res, err := orderstore.InsertBatch(ctx, pool, []orderstore.NewOrder{
+		{Ctx: ctx, ClientID: client, Req: request(t, "new", `"39.98"`)},
+		{Ctx: ctx, ClientID: client, Req: request(t, "old", `"39.98"`)},
+	}, nil)
+	if !tracer.killed.Load() || tracer.err != nil {
+		t.Fatalf("the read's backend was not killed: %v", tracer.err)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM orders WHERE request_id = 'new'`); n != 1 {
+		t.Fatalf("%d orders of the new request, want 1 (committed)", n)
+	}
+	if err != nil {
+		t.Fatalf("the batch committed, but InsertBatch says it did not: %v", err)
+	}
+	if r := res[0]; r.Err != nil || r.Replayed || r.Retry || r.OutboxID == 0 || r.Order.RequestID != "new" {
+		t.Fatalf("new request: %+v, want its new order", r)
+	}
+	if r := res[1]; r.Err == nil || errors.Is(r.Err, order.ErrRequestIDReused) || r.Retry {
+		t.Fatalf("repeated request: %+v, want the read's error", r)
 	}
 }
