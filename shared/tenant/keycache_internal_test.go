@@ -2,6 +2,7 @@ package tenant
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,6 +49,53 @@ func TestKeyCacheLooksUpOnceForConcurrentMisses(t *testing.T) {
 		}
 		if c, err := k.Authenticate(t.Context(), nil, key); err != nil || c.ID != id || calls.Load() != 1 {
 			t.Errorf("after the burst: %+v, %v, %d lookups; want the cached client and no new lookup", c, err, calls.Load())
+		}
+	})
+}
+
+// TestKeyCacheGivesUpAtItsCallersDeadline: a caller waiting for a shared
+// lookup (a pool that waits for a connection, a database that hangs) gets
+// its own deadline's error when that passes, not the lookup's answer up to
+// lookupTimeout later: the intake's deadline bounds authentication too.
+// The lookup goes on for the others, and its answer is cached.
+func TestKeyCacheGivesUpAtItsCallersDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var calls atomic.Int32
+		id := uuid.New()
+		k := NewKeyCache(time.Hour, 10)
+		k.lookup = func(context.Context, *pgxpool.Pool, string) (Client, error) {
+			calls.Add(1)
+			<-release
+			return Client{ID: id}, nil
+		}
+		key := APIKeyPrefix + "slow"
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			_, err := k.Authenticate(ctx, nil, key)
+			done <- err
+		}()
+		time.Sleep(2 * time.Second) // the bubble's clock: past the caller's deadline
+		synctest.Wait()
+		answered := false
+		select {
+		case err := <-done:
+			answered = true
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("after its deadline: %v, want context.DeadlineExceeded", err)
+			}
+		default:
+			t.Error("the caller still waits for the shared lookup after its deadline")
+		}
+		close(release)
+		synctest.Wait()
+		if c, err := k.Authenticate(t.Context(), nil, key); err != nil || c.ID != id || calls.Load() != 1 {
+			t.Errorf("after the lookup: %+v, %v, %d lookups; want the cached client and no new lookup", c, err, calls.Load())
+		}
+		if !answered {
+			<-done
 		}
 	})
 }

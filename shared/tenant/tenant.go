@@ -225,7 +225,9 @@ func NewKeyCache(ttl time.Duration, max int) *KeyCache {
 	return &KeyCache{ttl: ttl, max: max, now: time.Now, lookup: Authenticate, entries: map[[32]byte]cached{}}
 }
 
-// Authenticate is the package's Authenticate through the cache.
+// Authenticate is the package's Authenticate through the cache. A caller
+// waits for a shared lookup until ctx ends at most; the lookup goes on for
+// the others (bounded by lookupTimeout) and its answer is cached.
 func (k *KeyCache) Authenticate(ctx context.Context, pool *pgxpool.Pool, apiKey string) (Client, error) {
 	if !strings.HasPrefix(apiKey, APIKeyPrefix) || len(apiKey) > 200 {
 		return Client{}, ErrUnauthenticated
@@ -238,7 +240,9 @@ func (k *KeyCache) Authenticate(ctx context.Context, pool *pgxpool.Pool, apiKey 
 	if ok && now.Before(e.expires) {
 		return e.c, nil
 	}
-	v, err, _ := k.flight.Do(string(h[:]), func() (any, error) {
+	// The caller waits for the shared lookup until its own deadline only:
+	// the intake's deadline bounds authentication too.
+	ch := k.flight.DoChan(string(h[:]), func() (any, error) {
 		// The lookup is shared: no one caller's cancellation ends it.
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
 		defer cancel()
@@ -254,8 +258,13 @@ func (k *KeyCache) Authenticate(ctx context.Context, pool *pgxpool.Pool, apiKey 
 		k.mu.Unlock()
 		return c, nil
 	})
-	c, _ := v.(Client)
-	return c, err
+	select {
+	case r := <-ch:
+		c, _ := r.Val.(Client)
+		return c, r.Err
+	case <-ctx.Done():
+		return Client{}, fmt.Errorf("authenticate: %w", ctx.Err())
+	}
 }
 
 // lookupTimeout bounds one shared key lookup.
