@@ -3,6 +3,7 @@ package mcp_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -508,6 +509,28 @@ func TestMalformedArguments(t *testing.T) {
 		}
 	}
 	h.wantOrders(0)
+}
+
+// TestAmountsTheHTTPIntakeAccepts: DESIGN.md gives MCP the same rules as
+// HTTP, so an amount the HTTP intake accepts (ParseAmount: trailing zeros
+// past the hundredths, leading zeros, a JSON number) is accepted by
+// create_order too, not refused by the tool's schema first.
+func TestAmountsTheHTTPIntakeAccepts(t *testing.T) {
+	t.Parallel()
+	h, cs := setupSession(t)
+	for _, amount := range []any{"1.500", "0039.98", "7", "12.3", 39.98} {
+		want, err := order.ParseAmount(fmt.Sprint(amount))
+		if err != nil {
+			t.Fatalf("the HTTP intake refuses %v: %v", amount, err)
+		}
+		args := createArgs(order.NewRequestID(time.Now()))
+		args["amount"] = amount
+		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
+		if r.isError || r.result.Order.Amount != want {
+			t.Errorf("create_order with amount %#v: %s, want an order of %s", amount, r.raw, want)
+		}
+	}
+	h.wantOrders(5)
 }
 
 // An agent that rebuilds its call after a timeout: it fetched a token once

@@ -73,7 +73,7 @@ func createOrderSchema() *jsonschema.Schema {
 			},
 			"amount": {
 				Types:            []string{"string", "number"},
-				Pattern:          `^[0-9]{1,15}(\.[0-9]{1,2})?$`,
+				Pattern:          order.AmountPattern,
 				ExclusiveMinimum: ptr(0.0),
 				Description: "The total, greater than 0, at most 2 decimals (none for currencies without a minor unit, e.g. JPY). " +
 					"Prefer a decimal string (\"39.98\"); it is parsed exactly.",

@@ -1,6 +1,7 @@
 package order
 
 import (
+	"math/rand/v2"
 	"regexp"
 	"strings"
 	"testing"
@@ -82,4 +83,33 @@ func FuzzKeyChars(f *testing.F) {
 			t.Errorf("sku %q: valid=%t, %s says %t", s, got, SKUPattern, want)
 		}
 	})
+}
+
+// TestAmountPatternHoldsEveryAmount: every string ParseAmount accepts has
+// the published form (AmountPattern), so a schema that checks the form
+// refuses no amount the intake takes; the value rules stay ParseAmount's.
+func TestAmountPatternHoldsEveryAmount(t *testing.T) {
+	re := regexp.MustCompile(AmountPattern)
+	cases := []string{"1", "1.5", "1.50", "1.500", "0039.98", "00.01", "99999999999999.99", "1.234", "0", "-1", "1e2", ".5", "5.", " 1"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "0123456789.-e+ "
+	for range 20000 {
+		b := make([]byte, 1+rng.IntN(10))
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		cases = append(cases, string(b))
+	}
+	accepted := 0
+	for _, s := range cases {
+		if _, err := ParseAmount(s); err == nil {
+			accepted++
+			if !re.MatchString(s) {
+				t.Errorf("ParseAmount accepts %q, which %s refuses", s, AmountPattern)
+			}
+		}
+	}
+	if accepted < 100 {
+		t.Fatalf("only %d amounts accepted: the cases test nothing", accepted)
+	}
 }

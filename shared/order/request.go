@@ -32,6 +32,13 @@ const (
 	MaxAmountCents = int64(1e17)
 )
 
+// AmountPattern is the form of an amount given as a string, as the
+// OpenAPI document and the MCP schema publish it: digits, then optionally
+// a point and digits. Its value rules (greater than 0, below 10^15, a whole
+// number of hundredths) are ParseAmount's, which accepts no string outside
+// this form.
+const AmountPattern = `^[0-9]+(\.[0-9]+)?$`
+
 // SKUPattern is the rule for a stock-keeping unit: 1–64 characters of
 // A-Z a-z 0-9 . _ -.
 const SKUPattern = `^[A-Za-z0-9._-]{1,64}$`
