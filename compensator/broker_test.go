@@ -33,6 +33,22 @@ func (w *world) onOwnNATS() *testenv.NATSServer {
 	return srv
 }
 
+// ageOutage moves the broker's last outage, and its return, a deadline
+// (w.cfg's) into the past.
+func (w *world) ageOutage() {
+	w.t.Helper()
+	w.exec(`UPDATE broker_outage SET back_at = back_at - interval '2 minutes', unavailable_at = unavailable_at - interval '2 minutes'`)
+}
+
+// unstamp forgets the stream sequences of the events published so far.
+// A compensator run as a command watches the production stream, which does
+// not hold the events the test published on its own topology: it would
+// heal them as lost (and heal runs before the stuck orders' scan).
+func (w *world) unstamp() {
+	w.t.Helper()
+	w.exec(`UPDATE outbox SET stream_seq = NULL`)
+}
+
 // snapshot is what a pass must not change while the broker is away.
 func (w *world) snapshot(ids []uuid.UUID) string {
 	w.t.Helper()
@@ -87,6 +103,12 @@ func TestBrokerDownCostsTimeNotOrders(t *testing.T) { // not parallel: it reads 
 	if g := testutil.ToFloat64(metrics.CompensatorBrokerUp); g != 1 {
 		t.Fatalf("orderpipe_compensator_broker_up = %v with the broker back", g)
 	}
+	// The deadlines count again from the broker's return: nothing yet.
+	if after := w.snapshot(ids); after != before {
+		t.Fatalf("the first passes after the outage changed orders:\nbefore %s\nafter  %s", before, after)
+	}
+	w.ageOutage()
+	w.pass(c)
 	if n := w.int(`SELECT redrive_attempts FROM orders WHERE order_id = $1`, fresh); n != 1 {
 		t.Fatalf("fresh order: %d attempts after the broker came back, want 1", n)
 	}
@@ -108,6 +130,46 @@ func TestBrokerDownCostsTimeNotOrders(t *testing.T) { // not parallel: it reads 
 		}
 	}
 	w.wantPendingOutbox(0, "at the end")
+}
+
+// TestAnOutageAfterTheLastRedriveCostsTimeNotTheOrder: the last re-drive
+// the budget allows was acknowledged, then the broker went away before the
+// consumers could act on it, for longer than the deadline. The first pass
+// that reaches the broker again must not unwind the order: its deadline
+// counts from the broker's return (the consumers had no broker before).
+// One deadline after the return, it is unwound as usual.
+func TestAnOutageAfterTheLastRedriveCostsTimeNotTheOrder(t *testing.T) { // not parallel: it reads a process-wide gauge
+	w := newWorld(t)
+	srv := w.onOwnNATS()
+	id := w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 2}})
+	w.exec(`UPDATE orders SET redrive_attempts = 3, redrive_status = 'reserved', redriven_at = now() WHERE order_id = $1`, id)
+	c := w.comp(w.cfg(3), w.psp)
+
+	srv.Stop()
+	for i := range 2 {
+		w.age(id)
+		if _, err := c.RunOnce(t.Context()); !errors.Is(err, compensator.ErrBrokerUnavailable) {
+			t.Fatalf("pass %d with the broker down: %v; want broker unavailable", i, err)
+		}
+	}
+	srv.Start()
+	testenv.WaitFor(t, 30*time.Second, "a pass that reaches the broker again", func() bool {
+		_, err := c.RunOnce(t.Context())
+		return !errors.Is(err, compensator.ErrBrokerUnavailable)
+	})
+	if st := w.status(id); st != order.StatusReserved {
+		t.Fatalf("order %s right after the broker came back, want reserved: the outage cost the order", st)
+	}
+	if n := w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1`, id); n != 0 {
+		t.Fatalf("%d actions on the order right after the outage", n)
+	}
+	// A deadline after the broker's return, the order is stuck again.
+	w.age(id)
+	w.ageOutage()
+	w.pass(c)
+	if st := w.status(id); st != order.StatusCancelled {
+		t.Fatalf("order %s a deadline after the broker came back, want cancelled", st)
+	}
 }
 
 // TestRedriveNotAcknowledgedIsNotCounted: the broker answers the pass's
@@ -177,6 +239,7 @@ func TestForceSkipsTheWindowCheck(t *testing.T) {
 	t.Parallel()
 	w, id := newWorldWithOrder(t, spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})
 	w.exec(`UPDATE orders SET updated_at = now() - interval '1 hour' WHERE order_id = $1`, id)
+	w.unstamp()
 	cfg := config.Config{DatabaseURL: w.db.URL, NATSURL: w.nats.URL, PSPURL: w.pspURL}
 	args := []string{"--once", "--stuck-after", "1m", "--max-attempts", "0"}
 	if _, err := run(t, compensator.Command(), cfg, args...); err == nil || !strings.Contains(err.Error(), "does not fit") {

@@ -76,6 +76,7 @@ func TestCommandDryRunAndOnce(t *testing.T) {
 	t.Parallel()
 	w, id := newWorldWithOrder(t, spec{status: order.StatusReserved})
 	w.exec(`UPDATE orders SET updated_at = now() - interval '1 day' WHERE order_id = $1`, id)
+	w.unstamp()
 	cfg := config.Config{DatabaseURL: w.db.URL, NATSURL: w.nats.URL, PSPURL: w.pspURL}
 	before := dump(t, w.db.Pool)
 	out, err := run(t, compensator.Command(), cfg, "--dry-run")

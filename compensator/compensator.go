@@ -295,9 +295,31 @@ func (c *Compensator) brokerReachable(ctx context.Context) error {
 	return err
 }
 
+// sinceExpr is when an open order's deadline started: its last status
+// change, its last re-drive, or the broker's return after an outage a pass
+// saw (broker_outage.back_at), whichever is latest. greatest ignores the
+// NULL of a broker never found away.
+const sinceExpr = `greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at), (SELECT back_at FROM broker_outage))`
+
 // stuckExpr is true for an open order past its deadline; $1, $2, $3 are the
 // deadlines of processing, reserved and paid in seconds.
-const stuckExpr = `greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)) <= now() - make_interval(secs => CASE o.status WHEN 'processing' THEN $1::float8 WHEN 'reserved' THEN $2::float8 ELSE $3::float8 END)`
+const stuckExpr = sinceExpr + ` <= now() - make_interval(secs => CASE o.status WHEN 'processing' THEN $1::float8 WHEN 'reserved' THEN $2::float8 ELSE $3::float8 END)`
+
+// noteBroker records what a pass's check of the broker found: when it was
+// unavailable, or its return after an outage (back_at, from which the
+// stuck deadlines count again). A re-drive the broker did not acknowledge
+// is not an outage: it is taken back, and the pass says so.
+func (c *Compensator) noteBroker(ctx context.Context, available bool) error {
+	sql := `INSERT INTO broker_outage (unavailable_at) VALUES (now())
+		ON CONFLICT (one) DO UPDATE SET unavailable_at = now()`
+	if available {
+		sql = `UPDATE broker_outage SET back_at = now() WHERE back_at IS NULL OR back_at < unavailable_at`
+	}
+	if _, err := c.pool.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("record the broker's availability: %w", err)
+	}
+	return nil
+}
 
 func (c *Compensator) deadlineArgs() []any {
 	return []any{c.cfg.StuckProcessing.Seconds(), c.cfg.StuckReserved.Seconds(), c.cfg.StuckPaid.Seconds()}
@@ -369,7 +391,7 @@ func (c *Compensator) selectStuck(ctx context.Context, q postgres.DB, cursor uui
 	sql := `
 		SELECT o.order_id, o.status, o.client_id, o.request_id, o.redrive_attempts, o.redrive_status,
 		       greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)), o.updated_at,
-		       extract(epoch FROM now() - greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)))::float8
+		       extract(epoch FROM now() - ` + sinceExpr + `)::float8
 		FROM orders o
 		WHERE o.status IN ('processing', 'reserved', 'paid') AND o.order_id > $4 AND ` + stuckExpr + `
 		ORDER BY o.order_id

@@ -45,6 +45,7 @@ func TestProcessKilledMidPassThenRunAgain(t *testing.T) {
 	nats := testenv.OwnNATS(t) // the real process publishes on the production topology
 	ids := w.newOrders(7, spec{status: order.StatusReserved})
 	w.exec(`UPDATE orders SET updated_at = now() - interval '2 hours'`)
+	w.unstamp()
 	args := []string{"--once", "--stuck-after", "1h", "--batch-size", "2"}
 
 	// Dies at the third order: the first batch (two orders) committed,

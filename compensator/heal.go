@@ -65,8 +65,9 @@ func (c *Compensator) viewStream(ctx context.Context) (streamView, error) {
 // The copy carries the same payload, hence the same dedupe id at the
 // consumers (a step that did run ignores it), under a Nats-Msg-Id of its
 // own ("<msg id>:heal<n>") so that the duplicate window does not drop it.
-// It is not a re-drive attempt: an order is never unwound because the
-// broker lost its events.
+// It is not a re-drive attempt, and the order's stuck deadline starts
+// again at the copy: an order is never unwound because the broker lost
+// its events.
 func (c *Compensator) heal(ctx context.Context, res *Result) error {
 	if c.relay == nil || c.relay.JS == nil {
 		return nil
@@ -112,6 +113,12 @@ func (c *Compensator) healBatch(ctx context.Context, res *Result) (int, error) {
 				SELECT $2, event, payload, headers, order_id FROM outbox WHERE id = $1
 				RETURNING id`, l.OutboxID, newID).Scan(&oid); err != nil {
 				return fmt.Errorf("publish again the lost event %s of order %s: %w", l.MsgID, l.OrderID, err)
+			}
+			// The consumers get the event only now: the order's deadline
+			// starts again (no attempt counted), so it is never unwound
+			// for the loss.
+			if _, err := tx.Exec(ctx, `UPDATE orders SET redriven_at = now() WHERE order_id = $1`, l.OrderID); err != nil {
+				return fmt.Errorf("restart the deadline of healed order %s: %w", l.OrderID, err)
 			}
 			a := Action{OrderID: l.OrderID, ClientID: l.ClientID, RequestID: l.RequestID, Kind: KindHeal, From: l.Status,
 				Reason: fmt.Sprintf("the broker no longer holds %s (stream sequence %d: %s); published again as %s", l.MsgID, l.Seq, l.Why, newID)}

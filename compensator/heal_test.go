@@ -70,6 +70,34 @@ func TestHealAStreamCreatedAfterTheEvents(t *testing.T) {
 	w.holdsTheContract()
 }
 
+// TestAHealedOrderIsNotUnwoundForTheLoss: an order past its deadline
+// after its last re-drive, whose event the broker lost (the stream made
+// anew). The pass heals it and does not unwind it: the consumers never had
+// that event, and its deadline starts again at the copy. A deadline after
+// the copy, it is unwound as usual.
+func TestAHealedOrderIsNotUnwoundForTheLoss(t *testing.T) {
+	t.Parallel()
+	w, id := newWorldWithOrder(t, spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})
+	w.exec(`UPDATE orders SET redrive_attempts = 3, redrive_status = 'reserved', redriven_at = now() WHERE order_id = $1`, id)
+	c := w.comp(w.cfg(3), w.psp)
+	if err := w.nats.JS.DeleteStream(t.Context(), w.nats.Topology.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsjs.EnsureStream(t.Context(), w.nats.JS, w.nats.Topology, 1); err != nil {
+		t.Fatal(err)
+	}
+	w.age(id)
+	res := w.pass(c)
+	if res.Healed != 1 || res.Unwound != 0 || w.status(id) != order.StatusReserved {
+		t.Fatalf("an order whose last event the broker lost: %s, status %s; want healed, not unwound\n%+v", res.Summary(), w.status(id), res.Actions)
+	}
+	w.healed(id)
+	w.age(id)
+	if res := w.pass(c); res.Unwound != 1 || w.status(id) != order.StatusCancelled {
+		t.Fatalf("a deadline after the copy: %s, status %s; want unwound", res.Summary(), w.status(id))
+	}
+}
+
 // TestHealEventsGoneFromTheStream: the stream is purged (the sequences fall
 // below its first one), and one message is deleted from the middle of a
 // stream that keeps the others: each order whose last event is gone is

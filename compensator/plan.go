@@ -21,17 +21,24 @@ type phase struct {
 
 // phases are the steps of a pass, in order: measure the stuck orders; make
 // sure the broker is there (a pass that cannot reach it re-drives and
-// unwinds nothing); re-drive or unwind the stuck orders (plan, then
-// apply); heal open orders whose last event the broker lost; refund what
+// unwinds nothing, and the stuck deadlines count again from its return);
+// heal open orders whose last event the broker lost (first: a healed
+// order's deadline starts again, so it is not unwound for the loss);
+// re-drive or unwind the stuck orders (plan, then apply); refund what
 // unwinds left due; re-notify terminal orders whose webhook was never
 // created; publish stale outbox rows; sweep expired dedupe rows and old
 // published outbox rows; settle and sweep idempotency tokens.
 func (c *Compensator) phases() []phase {
 	return []phase{
 		{name: "measure", run: func(ctx context.Context, res *Result) error { return c.measure(ctx, c.pool, res) }},
-		{name: "broker", run: func(ctx context.Context, _ *Result) error { return c.brokerReachable(ctx) }},
-		{name: "scan", needsBroker: true, run: c.scan},
+		{name: "broker", run: func(ctx context.Context, _ *Result) error {
+			if err := c.brokerReachable(ctx); err != nil {
+				return errors.Join(err, c.noteBroker(ctx, false))
+			}
+			return c.noteBroker(ctx, true)
+		}},
 		{name: "heal", needsBroker: true, run: c.heal},
+		{name: "scan", needsBroker: true, run: c.scan},
 		{name: "refunds", run: c.refunds},
 		{name: "renotify", needsBroker: true, run: c.renotify},
 		{name: "republish", needsBroker: true, run: c.republish},
