@@ -44,10 +44,18 @@ func (c *Compensator) renotifyAfter() time.Duration {
 	return min(c.cfg.StuckAfter(order.StatusProcessing), c.cfg.StuckAfter(order.StatusReserved), c.cfg.StuckAfter(order.StatusPaid))
 }
 
+// renotifyAttempts bounds the re-notifications of one change: the re-drive
+// budget, and at least one. A copy of a final event costs the client
+// nothing (one delivery per change), and no re-drive (unwinding at the
+// first deadline) must not mean no webhook.
+func (c *Compensator) renotifyAttempts() int {
+	return max(c.cfg.Attempts(), 1)
+}
+
 // selectLostNotices finds up to limit terminal orders, idle for longer than
 // renotifyAfter and younger than the dedupe retention, whose last change
 // has no webhook delivery, and that were re-notified fewer than
-// MaxAttempts times, the last time longer than renotifyAfter ago: like a
+// renotifyAttempts times, the last time longer than renotifyAfter ago: like a
 // re-drive, a re-notification gives the notifier the deadline to create
 // the delivery before the next one, so that a notifier slowed by a broker
 // fault does not see every attempt spent within a few passes. With lock,
@@ -72,7 +80,7 @@ func (c *Compensator) selectLostNotices(ctx context.Context, q postgres.DB, limi
 			AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.order_id = o.order_id AND d.seq = e.seq)
 		ORDER BY o.updated_at
 		LIMIT $4 `+forUpdate,
-		c.renotifyAfter().Seconds(), c.cfg.DedupeRetention.Seconds(), c.cfg.Attempts(), limit)
+		c.renotifyAfter().Seconds(), c.cfg.DedupeRetention.Seconds(), c.renotifyAttempts(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("select terminal orders without a webhook: %w", err)
 	}

@@ -144,3 +144,34 @@ func mapsEqual(a, b map[string]string) bool {
 	}
 	return true
 }
+
+// TestRenotifyWithoutRedrives: --max-attempts 0 (no re-drive: unwind at
+// the first deadline) still re-notifies a terminal order whose final event
+// the broker lost, once. It bounded the re-notifies by the re-drives, so
+// that setting turned them off and the change never got its webhook.
+func TestRenotifyWithoutRedrives(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	id := w.newOrder(spec{status: order.StatusPaid})
+	if err := pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
+		m, err := orderstore.Transition(ctx, tx, id, order.StatusPaid, order.StatusConfirmed, "")
+		if err == nil {
+			_, err = tx.Exec(ctx, `UPDATE outbox SET published_at = now() WHERE id = $1`, m.Event.ID) // "published", then lost
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w.exec(`UPDATE orders SET callback_url = 'https://shop.example/hooks' WHERE order_id = $1`, id)
+	w.age(id)
+	c := w.comp(w.cfg(compensator.NoRedrive), w.psp)
+	if res := w.pass(c); len(res.Actions) != 1 || res.Actions[0].Kind != compensator.KindRenotify {
+		t.Fatalf("pass with no re-drives: %+v, want one re-notify", res.Actions)
+	}
+	w.age(id)
+	w.exec(`UPDATE compensator_actions SET created_at = created_at - interval '2 minutes'`)
+	if res := w.pass(c); len(res.Actions) != 0 {
+		t.Fatalf("second pass: %+v, want nothing: one re-notify without re-drives", res.Actions)
+	}
+}
