@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -37,13 +38,21 @@ type DeadLetter struct {
 // ErrNoDeadLetter is returned for an unknown dead letter id.
 var ErrNoDeadLetter = errors.New("no such dead letter")
 
+// storable returns s as PostgreSQL's text and jsonb take it: invalid UTF-8
+// and NUL bytes (which both refuse) replaced with U+FFFD. A message that
+// carries them must still be kept.
+func storable(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
 // putDeadLetter stores msg, retrying a few times: it runs when the message
-// is about to be acked for good.
+// is about to be acked for good. Its payload is kept exactly; its id,
+// subject and headers as storable makes them.
 func putDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer string, msg *message.Message, reason string, attempts int) (int64, error) {
 	headers := map[string]string{}
 	for k, v := range msg.Metadata {
 		if k != "" && k[0] != '_' {
-			headers[k] = v
+			headers[storable(k)] = storable(v)
 		}
 	}
 	hb, _ := json.Marshal(headers)
@@ -57,7 +66,7 @@ func putDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer string, msg
 		err = pool.QueryRow(ctx, `
 			INSERT INTO dead_letters (consumer, message_id, subject, payload, headers, error, attempts, order_id)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
-			consumer, msg.UUID, msg.Metadata.Get(metaSubject), []byte(msg.Payload), hb, reason, attempts, orderID).Scan(&id)
+			consumer, storable(msg.UUID), storable(msg.Metadata.Get(metaSubject)), []byte(msg.Payload), hb, storable(reason), attempts, orderID).Scan(&id)
 		if err == nil {
 			return id, nil
 		}

@@ -284,3 +284,34 @@ func TestInventoryCommand(t *testing.T) {
 		t.Fatalf("list:\n%s", out.String())
 	}
 }
+
+// TestMalformedHeadersAreDeadLettered: a message that can never be
+// processed, whose id and headers hold bytes PostgreSQL's text and jsonb
+// refuse (NUL, invalid UTF-8), is dead-lettered like any other: its
+// payload exactly, its id and headers with those bytes replaced. Storing
+// it failed at every delivery, so after the last one it was gone,
+// neither processed nor kept.
+func TestMalformedHeadersAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, pspserver.Options{})
+	stock(t, e)
+	pipetest.Start(t, e.App, pipetest.Config(), e.Steps(time.Second)...)
+	id := "raw-\x00-" + uuid.NewString()
+	m := &nats.Msg{Subject: e.App.Topology.Subject(orderevent.Accepted), Data: []byte("not json \x00\xff"), Header: nats.Header{}}
+	m.Header.Set(orderevent.HeaderMsgID, id)
+	m.Header.Set("X-Nul", "a\x00b")
+	m.Header.Set("X-Latin1", "caf\xe9")
+	if _, err := e.NATS.JS.PublishMsg(t.Context(), m, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 60*time.Second, "the message dead-lettered", func() bool {
+		return len(deadLetters(t, e)) == 1
+	})
+	d := deadLetters(t, e)[0]
+	if string(d.Payload) != "not json \x00\xff" {
+		t.Errorf("payload %q, want the message's bytes exactly", d.Payload)
+	}
+	if d.MessageID != "raw-\uFFFD-"+id[len("raw-\x00-"):] || d.Headers["X-Nul"] != "a\uFFFDb" || d.Headers["X-Latin1"] != "caf\uFFFD" {
+		t.Errorf("id %q, headers %q: want the refused bytes replaced with U+FFFD", d.MessageID, d.Headers)
+	}
+}
