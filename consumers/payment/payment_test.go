@@ -1,6 +1,7 @@
 package payment_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -285,6 +286,68 @@ func TestPendingMany(t *testing.T) {
 	}
 	if _, err := payments.PendingMany(ctx, e.DB.Pool, nil, string(order.StatusReserved)); err != nil {
 		t.Fatalf("PendingMany of no orders: %v", err)
+	}
+}
+
+// TestPendingManyWaitsForACancelInFlight: the compensator's unwind moves a
+// reserved order to cancelled while the payment step's read runs. The read
+// must see the cancel (and record no pending payment, so no charge goes
+// out), not the reserved order of its snapshot: the unwind had found no
+// payment to void, and the step charged an order already cancelled, then
+// refunded it.
+func TestPendingManyWaitsForACancelInFlight(t *testing.T) {
+	t.Parallel()
+	e, _ := setup(t, pspserver.Options{})
+	ctx := t.Context()
+	id, _ := e.InsertOrder(t, "4.50", pipetest.Line{SKU: "SKU-1", Qty: 1})
+	if err := pgx.BeginFunc(ctx, e.DB.Pool, func(tx pgx.Tx) error {
+		_, err := orderstore.Transition(ctx, tx, id, order.StatusProcessing, order.StatusReserved, "")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cancel, err := e.DB.Pool.Begin(ctx) // the unwind, not committed yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cancel.Rollback(context.WithoutCancel(ctx)) }()
+	if moved, err := orderstore.Transition(ctx, cancel, id, order.StatusReserved, order.StatusCancelled, "test: unwound"); err != nil || !moved.OK {
+		t.Fatalf("cancel: %+v, %v", moved, err)
+	}
+	type result struct {
+		due map[uuid.UUID]payments.Due
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		due, err := payments.PendingMany(ctx, e.DB.Pool, []uuid.UUID{id}, string(order.StatusReserved))
+		done <- result{due, err}
+	}()
+	var r result
+	answered := false
+	testenv.WaitFor(t, 10*time.Second, "the read answered or waiting for the cancel's lock", func() bool {
+		select {
+		case r = <-done:
+			answered = true
+			return true
+		default:
+		}
+		return count(t, e, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	})
+	if err := cancel.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !answered {
+		r = <-done
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if got := r.due[id].Status; got != string(order.StatusCancelled) {
+		t.Errorf("the read saw the order %s, want cancelled: the step would charge a cancelled order", got)
+	}
+	if n := count(t, e, `SELECT count(*) FROM payments WHERE order_id = $1`, id); n != 0 {
+		t.Errorf("%d payments recorded for an order cancelled meanwhile, want none", n)
 	}
 }
 

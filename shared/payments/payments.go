@@ -117,9 +117,12 @@ type Due struct {
 // and records the pending payment (as RecordPending does) of each one whose
 // status is chargeable, in ONE statement: the payment step's reads of many
 // concurrent messages, batched. An order that does not exist is absent from
-// the map; an order named twice is read once. The orders are taken in id
-// order, so that two such statements at once never wait for each other's
-// pending rows in a cycle. Each order is looked up through its key in a
+// the map; an order named twice is read once. Each order is read under a
+// share lock: a change of its status in flight (the compensator cancelling
+// it) is waited for and read, never the status before it, so no pending
+// payment (hence no charge) is recorded for an order cancelled meanwhile.
+// The orders are taken in id order, so that two such statements at once
+// never wait for each other's rows in a cycle. Each order is looked up through its key in a
 // LATERAL subquery, also by a plan PostgreSQL cached while orders was
 // nearly empty (see postgres.DB); the statement runs on its generic plan
 // (postgres.QueryGeneric), so db is a pool or a connection, not a
@@ -145,8 +148,8 @@ func PendingMany(ctx context.Context, db postgres.Batcher, orderIDs []uuid.UUID,
 	}, `
 		WITH o AS (
 			SELECT k.order_id, o.status, o.amount, o.currency, k.key
-			FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS k(order_id, key)
-			CROSS JOIN LATERAL (SELECT status, amount, currency FROM orders WHERE order_id = k.order_id LIMIT 1) o
+			FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[]) AS u(order_id, key) ORDER BY order_id) AS k
+			CROSS JOIN LATERAL (SELECT status, amount, currency FROM orders WHERE order_id = k.order_id LIMIT 1 FOR SHARE) o
 			ORDER BY k.order_id),
 		pend AS (
 			INSERT INTO payments (order_id, idempotency_key, amount, currency, status)
