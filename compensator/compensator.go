@@ -44,6 +44,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -196,6 +197,11 @@ type Compensator struct {
 	// OnAction, if set, is called with each action as it is taken (after
 	// its commit), e.g. to print it.
 	OnAction func(Action)
+
+	// healFrom is the order id after which the next pass's heal goes on
+	// (uuid.Nil: from the start), when the last one stopped at its bound.
+	healMu   sync.Mutex
+	healFrom uuid.UUID
 }
 
 // New validates cfg and returns a compensator. relay publishes re-drive and

@@ -72,36 +72,54 @@ func (c *Compensator) heal(ctx context.Context, res *Result) error {
 	if c.relay == nil || c.relay.JS == nil {
 		return nil
 	}
-	// Batch after batch: a wiped broker loses the events of every order in
-	// flight at once. A healed order's last event is then its copy, which
-	// the stream holds, so each batch moves on; bounded per pass.
+	// Batch after batch, in order id order: a wiped broker loses the
+	// events of every order in flight at once, and a stream with a deleted
+	// message makes every idle open order a candidate, most of whose events
+	// it still holds. A batch of candidates moves the cursor on whatever it
+	// healed; a pass stops at its bound and the next goes on from there.
+	c.healMu.Lock()
+	defer c.healMu.Unlock()
 	for range c.cfg.RepublishRounds {
-		n, err := c.healBatch(ctx, res)
-		if err != nil || n < c.cfg.BatchSize || ctx.Err() != nil {
+		read, last, err := c.healBatch(ctx, res, c.healFrom)
+		if err != nil {
 			return err
+		}
+		if read < c.cfg.BatchSize {
+			c.healFrom = uuid.Nil
+			return nil
+		}
+		c.healFrom = last
+		if ctx.Err() != nil {
+			return nil
 		}
 	}
 	return nil
 }
 
-// healBatch heals up to one batch and returns how many orders it healed.
-func (c *Compensator) healBatch(ctx context.Context, res *Result) (int, error) {
+// healBatch heals the lost events of up to one batch of candidates after
+// the order id from, and returns how many candidates it read and the last
+// one's order id.
+func (c *Compensator) healBatch(ctx context.Context, res *Result, from uuid.UUID) (int, uuid.UUID, error) {
 	// Only events stamped before the view is read are judged by it: their
 	// acks came before, so the stream must hold them (another
 	// compensator's or relay's publish racing this pass is not "lost").
 	var before time.Time
 	if err := c.pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
-		return 0, fmt.Errorf("heal events the broker lost: %w", err)
+		return 0, uuid.Nil, fmt.Errorf("heal events the broker lost: %w", err)
 	}
 	view, err := c.viewStream(ctx)
 	if err != nil {
-		return 0, err
+		return 0, uuid.Nil, err
 	}
 	view.before = before
 	var actions []Action
 	var outboxIDs []int64
+	var read int
+	var last uuid.UUID
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		lost, err := c.selectLost(ctx, tx, view)
+		var lost []lostEvent
+		var err error
+		lost, read, last, err = c.selectLost(ctx, tx, view, from)
 		if err != nil {
 			return err
 		}
@@ -130,16 +148,16 @@ func (c *Compensator) healBatch(ctx context.Context, res *Result) (int, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("heal events the broker lost: %w", err)
+		return 0, uuid.Nil, fmt.Errorf("heal events the broker lost: %w", err)
 	}
 	for _, a := range actions {
 		c.taken(a, res)
 	}
 	if err := c.relay.Publish(ctx, outboxIDs...); err != nil {
 		c.logger.Warn("publish healed events; they stay in the outbox", slog.Any("error", err))
-		return len(actions), err
+		return read, last, err
 	}
-	return len(actions), nil
+	return read, last, nil
 }
 
 // healMsgID is the Nats-Msg-Id of the copy of a lost event (the row
@@ -151,10 +169,12 @@ func healMsgID(msgID string, outboxID int64) string {
 	return fmt.Sprintf("%s:heal%d", msgID, outboxID)
 }
 
-// selectLost claims (SKIP LOCKED) up to a batch of open orders, idle for
-// longer than the heal minimum age, whose last published event the
-// stream does not hold.
-func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView) ([]lostEvent, error) {
+// selectLost claims (SKIP LOCKED) up to a batch of candidates after the
+// order id from: open orders, idle for longer than the heal minimum age,
+// whose last published event the stream may not hold. It returns those
+// whose event it does not hold, how many candidates it read, and the last
+// one's order id.
+func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView, from uuid.UUID) ([]lostEvent, int, uuid.UUID, error) {
 	rows, err := tx.Query(ctx, `
 		SELECT o.order_id, o.client_id, o.request_id, o.status, x.id, x.msg_id, x.stream_seq,
 		       x.published_at < $2 AS before_stream
@@ -165,12 +185,13 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 		  AND greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)) < now() - make_interval(secs => $1::float8)
 		  AND x.published_at IS NOT NULL AND x.stream_seq IS NOT NULL AND x.published_at < $7
 		  AND (x.published_at < $2 OR x.stream_seq < $3 OR x.stream_seq > $4 OR $5)
+		  AND o.order_id > $8
 		ORDER BY o.order_id
 		LIMIT $6
 		FOR UPDATE OF o SKIP LOCKED`,
-		c.cfg.HealMinAge.Seconds(), view.created, int64(view.first), int64(view.last), view.deleted > 0, c.cfg.BatchSize, view.before)
+		c.cfg.HealMinAge.Seconds(), view.created, int64(view.first), int64(view.last), view.deleted > 0, c.cfg.BatchSize, view.before, from)
 	if err != nil {
-		return nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
+		return nil, 0, uuid.Nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
 	}
 	type cand struct {
 		lostEvent
@@ -184,7 +205,11 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 		return x, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
+		return nil, 0, uuid.Nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
+	}
+	last := uuid.Nil
+	if len(cands) > 0 {
+		last = cands[len(cands)-1].OrderID
 	}
 	var out []lostEvent
 	for _, x := range cands {
@@ -202,7 +227,7 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 			case errors.Is(err, jetstream.ErrMsgNotFound):
 				x.Why = "deleted from the stream"
 			case err != nil:
-				return nil, fmt.Errorf("%w: read stream sequence %d: %w", ErrBrokerUnavailable, x.Seq, err)
+				return nil, 0, uuid.Nil, fmt.Errorf("%w: read stream sequence %d: %w", ErrBrokerUnavailable, x.Seq, err)
 			case m.Header.Get("Nats-Msg-Id") != x.MsgID:
 				x.Why = "another message holds that sequence now"
 			default:
@@ -211,5 +236,5 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 		}
 		out = append(out, x.lostEvent)
 	}
-	return out, nil
+	return out, len(cands), last, nil
 }

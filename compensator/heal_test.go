@@ -131,3 +131,37 @@ func TestHealEventsGoneFromTheStream(t *testing.T) {
 	w.healed(purged, deleted)
 	w.holdsTheContract()
 }
+
+// TestHealReadsPastABatchOfHeldEvents: once the stream has a deleted
+// message, every idle open order is a candidate, and the broker is asked
+// about each. A batch whose candidates' events are all still held must not
+// end the search: the lost event of an order further on is healed in the
+// same pass. Before, every pass asked about the same first batch, and an
+// order past it was never healed.
+func TestHealReadsPastABatchOfHeldEvents(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	var held []uuid.UUID
+	for range 5 {
+		held = append(held, w.newOrder(spec{status: order.StatusProcessing}))
+	}
+	lost := w.newOrder(spec{status: order.StatusProcessing})
+	held = append(held, w.newOrder(spec{status: order.StatusProcessing})) // after it: its deletion is inside the stream
+	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost))); err != nil {
+		t.Fatal(err)
+	}
+	cfg := w.cfg(3)
+	cfg.BatchSize = 2
+	res := w.pass(w.comp(cfg, w.psp))
+	if res.Healed != 1 || len(res.Actions) != 1 || res.Actions[0].OrderID != lost {
+		t.Fatalf("healed %d: %+v; want only %s, whose event was deleted", res.Healed, res.Actions, lost)
+	}
+	w.healed(lost)
+	if msgs := w.msgIDs(held[0]); len(msgs) != 1 {
+		t.Fatalf("an order whose event is held was published again: %v", msgs)
+	}
+}
