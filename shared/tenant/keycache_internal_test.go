@@ -95,7 +95,9 @@ func TestKeyCacheGivesUpAtItsCallersDeadline(t *testing.T) {
 			t.Errorf("after the lookup: %+v, %v, %d lookups; want the cached client and no new lookup", c, err, calls.Load())
 		}
 		if !answered {
-			<-done
+			if err := <-done; err != nil {
+				t.Errorf("the late answer: %v", err)
+			}
 		}
 	})
 }
