@@ -30,12 +30,25 @@ func (l *faultLog) add(kind, format string, args ...any) {
 	l.faults = append(l.faults, fault{At: time.Now(), Kind: kind, Detail: fmt.Sprintf(format, args...)})
 }
 
-func (l *faultLog) len() int {
+// isFault reports whether a log entry of kind is an injected fault, not a
+// fault drawn but not injected or a restart that failed.
+func isFault(kind string) bool { return kind != notInjected && kind != "restart failed" }
+
+// injected counts the faults injected.
+func (l *faultLog) injected() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.faults)
+	n := 0
+	for _, f := range l.faults {
+		if isFault(f.Kind) {
+			n++
+		}
+	}
+	return n
 }
 
+// counts counts the log's entries by kind (injected faults, and the
+// entries isFault tells apart).
 func (l *faultLog) counts() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -160,6 +173,11 @@ func (sc *scheduler) restart(ctx context.Context, p *proc) {
 	}
 }
 
+// notInjected is the log's kind for a drawn fault that did not happen (the
+// part was down already, the broker refused the deletion, …): the table of
+// faults counts only what was done.
+const notInjected = "not injected"
+
 // maxRestarts bounds the tries of one restart.
 const maxRestarts = 10
 
@@ -168,25 +186,31 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 	bg := context.WithoutCancel(ctx)
 	switch kind {
 	case "kill -9 part":
+		// Every draw comes before any look at the stack's state, so the
+		// same seed draws the same values whatever the state was.
 		parts := append(append(append([]*proc{}, s.producers...), s.consumers...), s.comp, s.psp)
 		p := parts[sc.rng.IntN(len(parts))]
+		back := sc.dur(300*time.Millisecond, 3*time.Second)
 		if !p.running() {
+			s.log.add(notInjected, "%s: %s is not running", kind, p.name)
 			return
 		}
-		back := sc.dur(300*time.Millisecond, 3*time.Second)
 		p.kill()
 		s.log.add(kind, "%s killed with SIGKILL; back in %s", p.name, back.Round(time.Millisecond))
 		sc.later(ctx, back, func() { sc.restart(bg, p) })
 	case "nats node stop":
+		i := sc.rng.IntN(len(s.nodes))
+		leader := sc.rng.IntN(2) == 0
+		hard := sc.rng.IntN(2) == 0
+		back := sc.dur(2*time.Second, 8*time.Second)
 		sc.mu.Lock()
 		if sc.natsDown {
 			sc.mu.Unlock()
+			s.log.add(notInjected, "%s: a node is down already", kind)
 			return
 		}
 		sc.natsDown = true
 		sc.mu.Unlock()
-		i := sc.rng.IntN(len(s.nodes))
-		leader := sc.rng.IntN(2) == 0
 		if leader {
 			if l := sc.streamLeader(ctx); l >= 0 {
 				i = l
@@ -195,8 +219,6 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 			}
 		}
 		n := s.nodes[i]
-		hard := sc.rng.IntN(2) == 0
-		back := sc.dur(2*time.Second, 8*time.Second)
 		if hard {
 			n.kill()
 		} else {
@@ -211,16 +233,24 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 		})
 	case "stream deleted":
 		if sc.deletions >= 2 {
+			s.log.add(notInjected, "%s: twice already", kind)
 			return
 		}
-		sc.deletions++
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := s.js.DeleteStream(dctx, "ORDERS")
 		cancel()
-		s.log.add(kind, "ORDERS deleted (%v)", err)
+		if err != nil {
+			s.log.add(notInjected, "%s: %v", kind, err)
+			return
+		}
+		sc.deletions++
+		s.log.add(kind, "ORDERS deleted")
 	case "postgres restart":
-		err := s.pg.Restart(bg)
-		s.log.add(kind, "PostgreSQL restarted (%v)", err)
+		if err := s.pg.Restart(bg); err != nil {
+			s.log.add(notInjected, "%s: %v", kind, err)
+			return
+		}
+		s.log.add(kind, "PostgreSQL restarted")
 	case "provider faults":
 		back := sc.dur(2*time.Second, 8*time.Second)
 		s.psp.kill()
@@ -239,7 +269,11 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 			SELECT msg_id || ':dup' || id, event, payload, headers, order_id FROM outbox
 			WHERE published_at IS NOT NULL AND msg_id NOT LIKE '%:dup%'
 			ORDER BY id DESC LIMIT $1`, n)
-		s.log.add(kind, "%d published events put back in the outbox under new message ids (%v)", tag.RowsAffected(), err)
+		if err != nil || tag.RowsAffected() == 0 {
+			s.log.add(notInjected, "%s: %d rows (%v)", kind, tag.RowsAffected(), err)
+			return
+		}
+		s.log.add(kind, "%d published events put back in the outbox under new message ids", tag.RowsAffected())
 	case "forced compensator pass":
 		sc.wg.Add(1)
 		go func() {

@@ -38,7 +38,8 @@ type load struct {
 
 	mu       sync.Mutex
 	accepted map[string]accepted
-	refused  map[string]string // request_id -> why (a 4xx other than 409/429)
+	refused  map[string]string // request_id -> why (a 4xx other than 409/429, or given up)
+	sentIDs  map[string]bool   // every request_id (or token) sent
 	sent     atomic.Int64
 	retries  atomic.Int64
 	replays  atomic.Int64
@@ -49,7 +50,7 @@ func newLoad(targets []string, apiKey, callback string, skus []string, seed uint
 	return &load{targets: targets, apiKey: apiKey, callback: callback, skus: skus,
 		rng:      rand.New(rand.NewPCG(seed, 99)),
 		http:     &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
-		accepted: map[string]accepted{}, refused: map[string]string{}}
+		accepted: map[string]accepted{}, refused: map[string]string{}, sentIDs: map[string]bool{}}
 }
 
 func (l *load) intn(n int) int {
@@ -100,6 +101,9 @@ func (l *load) one(_ context.Context, requestID string, retryFor time.Duration) 
 		"request_id": requestID, "user_id": 1 + l.intn(1000), "items": items,
 		"amount": fmt.Sprintf("%d.%02d", cents/100, cents%100), "currency": "CNY", "callback_url": l.callback,
 	})
+	l.mu.Lock()
+	l.sentIDs[requestID] = true
+	l.mu.Unlock()
 	deadline := time.Now().Add(retryFor)
 	wait := 50 * time.Millisecond
 	attempts := 0
@@ -114,14 +118,22 @@ func (l *load) one(_ context.Context, requestID string, retryFor time.Duration) 
 			// answer: the intake must answer with the same order.
 			if l.intn(10) == 0 {
 				l.replays.Add(1)
-				if c, again, _ := l.post(requestID, body); (c == http.StatusOK || c == http.StatusAccepted) && again != orderID {
+				c, again, text := l.post(requestID, body)
+				why := ""
+				switch {
+				case (c == http.StatusOK || c == http.StatusAccepted) && again != orderID:
+					why = fmt.Sprintf("a repeat answered order %s, the first answer was %s", again, orderID)
+				case refusal(c):
+					why = fmt.Sprintf("a repeat answered %d %s; the first answer was order %s", c, text, orderID)
+				}
+				if why != "" {
 					l.mu.Lock()
-					l.refused[requestID] = fmt.Sprintf("a repeat answered order %s, the first answer was %s", again, orderID)
+					l.refused[requestID] = why
 					l.mu.Unlock()
 				}
 			}
 			return
-		case code >= 400 && code < 500 && code != http.StatusConflict && code != http.StatusTooManyRequests && code != http.StatusRequestTimeout:
+		case refusal(code):
 			l.mu.Lock()
 			l.refused[requestID] = fmt.Sprintf("%d %s", code, text)
 			l.mu.Unlock()
@@ -130,7 +142,7 @@ func (l *load) one(_ context.Context, requestID string, retryFor time.Duration) 
 		if time.Now().After(deadline) {
 			// Unsettled: the checker finds out whether the intake took it.
 			l.mu.Lock()
-			l.refused[requestID] = fmt.Sprintf("gave up after %d attempts (last: %d %s)", attempts, code, text)
+			l.refused[requestID] = fmt.Sprintf(gaveUp+" %d attempts (last: %d %s)", attempts, code, text)
 			l.mu.Unlock()
 			return
 		}
@@ -142,6 +154,17 @@ func (l *load) one(_ context.Context, requestID string, retryFor time.Duration) 
 		wait = min(2*wait, time.Second)
 	}
 }
+
+// refusal reports whether code refuses a valid request for good: a 4xx
+// other than the retryable 408, 409 and 429. The clients send only valid
+// requests, each retry the same body, so any refusal is a broken promise.
+func refusal(code int) bool {
+	return code >= 400 && code < 500 && code != http.StatusConflict && code != http.StatusTooManyRequests && code != http.StatusRequestTimeout
+}
+
+// gaveUp is how a refusal entry starts when the client ran out of time
+// (an outage longer than its retries), not when it was refused.
+const gaveUp = "gave up after"
 
 // token fetches an idempotency token, retrying for at most retryFor.
 func (l *load) token(retryFor time.Duration) (string, bool) {
@@ -209,9 +232,15 @@ func (l *load) post(requestID string, body []byte) (int, string, string) {
 	return resp.StatusCode, "", string(raw)
 }
 
-func (l *load) snapshot() (map[string]accepted, map[string]string) {
+// snapshot copies what the clients saw: the accepted request_ids, the
+// refused or given-up ones, and every one sent.
+func (l *load) snapshot() (map[string]accepted, map[string]string, map[string]bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	sent := make(map[string]bool, len(l.sentIDs))
+	for k := range l.sentIDs {
+		sent[k] = true
+	}
 	a := make(map[string]accepted, len(l.accepted))
 	for k, v := range l.accepted {
 		a[k] = v
@@ -220,5 +249,5 @@ func (l *load) snapshot() (map[string]accepted, map[string]string) {
 	for k, v := range l.refused {
 		r[k] = v
 	}
-	return a, r
+	return a, r, sent
 }
