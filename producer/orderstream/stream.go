@@ -134,14 +134,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rc := http.NewResponseController(w)
 	hdr := w.Header()
-	hdr.Set("Content-Type", "text/event-stream")
 	hdr.Set("Cache-Control", "no-store")
+	if ended {
+		// Resumed after the terminal change: nothing will follow. 204 is
+		// what tells an EventSource to stop reconnecting.
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	hdr.Set("Content-Type", "text/event-stream")
 	hdr.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	if _, err := fmt.Fprintf(w, "retry: 2000\n\n"); err != nil {
 		return
 	}
-	if err := rc.Flush(); err != nil || ended {
+	if err := rc.Flush(); err != nil {
 		return
 	}
 	ka := time.NewTicker(keepAlive)

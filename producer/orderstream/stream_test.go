@@ -218,9 +218,14 @@ func TestHistoryLiveAndResume(t *testing.T) {
 	}
 	s2.waitEnd(t) // closes after the terminal event
 
-	// Resuming after the terminal event: nothing more, and the stream ends.
-	s3, _ := h.open(h.srv.URL, h.creds.APIKey, o.ID.String(), "4")
-	s3.waitEnd(t)
+	// Resuming after the terminal event: 204, which tells an EventSource
+	// to stop reconnecting (a 200 that ends has it reconnect every 2 s).
+	if s3, resp := h.open(h.srv.URL, h.creds.APIKey, o.ID.String(), "4"); s3 != nil || resp.StatusCode != http.StatusNoContent {
+		if s3 != nil {
+			s3.close()
+		}
+		t.Fatalf("resume after the terminal event: %d, want 204 No Content", resp.StatusCode)
+	}
 	// The whole history again, from the start.
 	s4, _ := h.open(h.srv.URL, h.creds.APIKey, o.ID.String(), "0")
 	for seq := 1; seq <= 4; seq++ {
