@@ -15,14 +15,15 @@ import (
 )
 
 // schema is this subscriber's own: it shares no table with orderpipe. The
-// processed-messages table is what makes the effect happen once per
-// message; shipments is the effect. shipments has deliberately no unique
+// processed-messages table is what makes the effect happen once per event
+// (its key is the event's identity, eventKey, not the copy's message id);
+// shipments is the effect. shipments has deliberately no unique
 // key on order_id: many real effects (a ledger line, an e-mail, a counter)
 // have no natural key, so the dedupe row is what stands between a
 // redelivery and a second effect. (If yours has one, add it as well.)
 const schema = `
 CREATE TABLE IF NOT EXISTS subscriber_processed_messages (
-	msg_id       text PRIMARY KEY,
+	event_key    text PRIMARY KEY,
 	processed_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE TABLE IF NOT EXISTS shipments (
@@ -182,9 +183,9 @@ func pause(ctx context.Context, d time.Duration) {
 //
 //  1. decode; a message that can never be processed is terminated (not
 //     retried until MaxDeliver, not acked as if it had been applied);
-//  2. in ONE transaction: claim the message id in the processed-messages
-//     table, then apply the effect; a claimed id means a duplicate, and
-//     nothing else is written;
+//  2. in ONE transaction: claim the event's key (eventKey) in the
+//     processed-messages table, then apply the effect; a claimed key means
+//     a duplicate, and nothing else is written;
 //  3. ack only after the commit. A crash between 2 and 3 redelivers the
 //     message, and step 2 finds its row. A failure in 2 commits nothing
 //     and naks, so the message comes back later.
@@ -206,7 +207,7 @@ func (s *subscriber) handle(m jetstream.Msg) {
 		return
 	}
 
-	applied, err := s.apply(ctx, msgID, ev)
+	applied, err := s.apply(ctx, eventKey(ev), msgID, ev)
 	if err != nil {
 		delivered := uint64(1)
 		if md, merr := m.Metadata(); merr == nil {
@@ -251,22 +252,34 @@ func decode(msgID string, data []byte) (orderevent.Event, error) {
 	return ev, nil
 }
 
-// apply records the effect of a message and its id in one transaction and
-// reports whether it did (false: the id was already processed).
+// eventKey is what the effect is about: the order's confirmation,
+// `<order_id>:confirmed`. Every copy of that change carries it: a broker
+// redelivery, a republish under the same Nats-Msg-Id, and the copies
+// orderpipe publishes under ids of their own (a re-notify of a final event
+// the broker lost, `…:r<n>` with redrive n in the payload; a heal,
+// `…:heal<n>`; an operator's dead-letter replay, `…:dlq<id>.<n>`).
+// Deduplicating on the Nats-Msg-Id would ship again for those.
+func eventKey(ev orderevent.Event) string {
+	return ev.OrderID.String() + ":" + string(ev.Name)
+}
+
+// apply records the effect of a message and its event's key in one
+// transaction and reports whether it did (false: the key was already
+// processed).
 //
-// The id is claimed first. A second delivery of the same message running
+// The key is claimed first. A second delivery of the same message running
 // at the same time (AckWait ran out on a slow replica) blocks on that
 // INSERT until the first transaction ends, then sees the row and does
 // nothing; if the first one rolled back, the second one claims it.
-func (s *subscriber) apply(ctx context.Context, msgID string, ev orderevent.Event) (bool, error) {
+func (s *subscriber) apply(ctx context.Context, key, msgID string, ev orderevent.Event) (bool, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	tag, err := tx.Exec(ctx, `INSERT INTO subscriber_processed_messages (msg_id) VALUES ($1) ON CONFLICT (msg_id) DO NOTHING`, msgID)
+	tag, err := tx.Exec(ctx, `INSERT INTO subscriber_processed_messages (event_key) VALUES ($1) ON CONFLICT (event_key) DO NOTHING`, key)
 	if err != nil {
-		return false, fmt.Errorf("claim message id: %w", err)
+		return false, fmt.Errorf("claim event key: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return false, nil // a duplicate: the rollback writes nothing

@@ -270,6 +270,30 @@ func TestEachConfirmedEventOnce(t *testing.T) {
 		return strings.Contains(logs.String(), `"msg":"duplicate acked without effect"`) &&
 			strings.Contains(logs.String(), evs[0].MsgID())
 	})
+	// The same change published again under other ids, as orderpipe does:
+	// the compensator's re-notify of a final event the broker lost
+	// (`:r1`, redrive 1 in the payload), an operator's dead-letter replay
+	// (`:dlq7.1`). Each is the same confirmation: no second shipment.
+	again := evs[1]
+	again.Redrive = 1
+	last := publish(t, n, again)
+	data, err := orderevent.Encode(evs[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(n.Topology.Subject(orderevent.Confirmed))
+	m.Data = data
+	for k, v := range evs[2].Headers() {
+		m.Header.Set(k, v)
+	}
+	m.Header.Set(orderevent.HeaderMsgID, evs[2].MsgID()+":dlq7.1")
+	if ack := publishMsg(t, n, m); ack.Sequence > last.Sequence {
+		last = ack
+	}
+	testenv.WaitFor(t, 30*time.Second, "the re-notified and replayed copies to be acked", func() bool {
+		info := consumerInfo(t, n, "shipping")
+		return info.Delivered.Stream >= last.Sequence && info.NumAckPending == 0 && info.NumPending == 0
+	})
 	if c := count(t, db.Pool, `SELECT count(*) FROM subscriber_processed_messages`); c != 5 {
 		t.Errorf("processed rows: %d, want 5", c)
 	}
@@ -413,7 +437,7 @@ func TestApplyIsOneTransaction(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `ALTER TABLE shipments RENAME TO shipments_away`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.apply(ctx, ev.MsgID(), ev); err == nil {
+	if _, err := s.apply(ctx, eventKey(ev), ev.MsgID(), ev); err == nil {
 		t.Fatal("apply without its effect table: no error")
 	}
 	if c := count(t, db.Pool, `SELECT count(*) FROM subscriber_processed_messages`); c != 0 {
@@ -423,7 +447,7 @@ func TestApplyIsOneTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, want := range []bool{true, false} {
-		applied, err := s.apply(ctx, ev.MsgID(), ev)
+		applied, err := s.apply(ctx, eventKey(ev), ev.MsgID(), ev)
 		if err != nil || applied != want {
 			t.Fatalf("apply #%d: %v, %v; want %v", i+1, applied, err, want)
 		}
