@@ -14,6 +14,7 @@ import (
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
 	"orderpipe/shared/natsjs"
+	"orderpipe/shared/order"
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/tooling/chaos"
 )
@@ -157,8 +158,8 @@ func parseStock(s string) (map[string]int64, error) {
 	for _, part := range strings.Split(s, ",") {
 		sku, n, ok := strings.Cut(strings.TrimSpace(part), "=")
 		q, err := strconv.ParseInt(n, 10, 64)
-		if !ok || sku == "" || err != nil || q < 0 {
-			return nil, cli.Usagef("--initial-stock wants SKU=N pairs separated by commas (N ≥ 0), got %q", part)
+		if !ok || !order.ValidSKU(sku) || err != nil || q < 0 {
+			return nil, cli.Usagef("--initial-stock wants SKU=N pairs separated by commas (a SKU as orders name them, N ≥ 0), got %q", part)
 		}
 		out[sku] = q
 	}

@@ -28,6 +28,8 @@ func TestChaosCommandsRefuseBadInput(t *testing.T) {
 		{[]string{"check", "--initial-stock", "SKU-1"}, "SKU=N"},
 		{[]string{"check", "--initial-stock", "SKU-1=-3"}, "SKU=N"},
 		{[]string{"check", "--initial-stock", "=5"}, "SKU=N"},
+		{[]string{"check", "--initial-stock", "SKU-1 =5"}, "SKU=N"},
+		{[]string{"check", "--initial-stock", "SKU:1=5"}, "SKU=N"},
 		{[]string{"check", "extra"}, "no arguments"},
 		{[]string{"natsnode"}, "--store"},
 		{[]string{"natsnode", "--store", "x", "--port", "70000"}, "ports"},
