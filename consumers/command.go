@@ -148,6 +148,13 @@ func DLQCommand() cli.Command {
 				if len(inv.Args) != 2 {
 					return cli.Usagef("replay takes one dead letter ID")
 				}
+				if inv.Flags != nil {
+					var set []string
+					inv.Flags.Visit(func(f *flag.Flag) { set = append(set, "--"+f.Name) })
+					if len(set) > 0 {
+						return cli.Usagef("replay takes no flags (%s: list's)", strings.Join(set, ", "))
+					}
+				}
 				id, err := strconv.ParseInt(inv.Args[1], 10, 64)
 				if err != nil || id < 1 {
 					return cli.Usagef("dead letter ID must be a positive integer, got %q", inv.Args[1])

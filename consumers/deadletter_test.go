@@ -243,6 +243,9 @@ func TestCommandsRefuseBadArguments(t *testing.T) {
 		{consumers.DLQCommand(), []string{"list", "--limit", "0"}},
 		{consumers.DLQCommand(), []string{"list", "--nope"}},
 		{consumers.DLQCommand(), []string{"list", "--all", "extra"}},
+		{consumers.DLQCommand(), []string{"--all", "replay", "1"}}, // list's flags, not replay's
+		{consumers.DLQCommand(), []string{"--json", "replay", "1"}},
+		{consumers.DLQCommand(), []string{"--limit", "5", "replay", "1"}},
 		{consumers.InventoryCommand(), nil},
 		{consumers.InventoryCommand(), []string{"get"}},
 		{consumers.InventoryCommand(), []string{"set"}},
