@@ -28,7 +28,7 @@ func TestGeneratedIDsFollowTheRule(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 2, 14, 30, 22, 123e6, time.UTC)
 	rid := NewRequestID(now)
-	if err := ValidateRequestID(rid); err != nil || !strings.HasPrefix(rid, "ORD20261202143022") || len(rid) != 23 {
+	if err := ValidateRequestID(rid); err != nil || !strings.HasPrefix(rid, "ORD20261202143022") || len(rid) != 33 {
 		t.Fatalf("NewRequestID = %q (%v)", rid, err)
 	}
 	no := NewOrderNo(now)
@@ -111,5 +111,26 @@ func TestAmountPatternHoldsEveryAmount(t *testing.T) {
 	}
 	if accepted < 100 {
 		t.Fatalf("only %d amounts accepted: the cases test nothing", accepted)
+	}
+}
+
+// TestNewRequestIDsDoNotCollide: a client that lets NewRequestID name its
+// orders gets a distinct request_id for each, also for many orders within
+// one second: a collision makes the second order a 422 (another payload)
+// or a replay of the first (the same payload), and that order is lost.
+// Six hex digits (24 bits) collided about n²/2^25 times per second: for
+// 100,000 ids in one second, hundreds of times.
+func TestNewRequestIDsDoNotCollide(t *testing.T) {
+	now := time.Date(2026, 12, 2, 14, 30, 22, 0, time.UTC)
+	seen := make(map[string]bool, 100000)
+	for range 100000 {
+		id := NewRequestID(now)
+		if err := ValidateRequestID(id); err != nil {
+			t.Fatalf("%q: %v", id, err)
+		}
+		if seen[id] {
+			t.Fatalf("request_id %q generated twice in one second (of %d)", id, len(seen))
+		}
+		seen[id] = true
 	}
 }
