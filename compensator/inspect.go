@@ -250,7 +250,7 @@ func Stats(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Duration, w 
 			FROM unnest(ARRAY['processing','reserved','paid','confirmed','rejected','cancelled']) WITH ORDINALITY AS s(status, n)
 			LEFT JOIN orders o ON o.status = s.status GROUP BY s.status, s.n ORDER BY s.n`},
 		{fmt.Sprintf("open orders without progress for %s, counted from the broker's return after an outage (stuck)", stuckAfter), "", `SELECT s.status,
-			count(o.order_id) FILTER (WHERE `+sinceExpr+` <= now() - make_interval(secs => $1::float8)) AS stuck,
+			count(o.order_id) FILTER (WHERE ` + sinceExpr + ` <= now() - make_interval(secs => $1::float8)) AS stuck,
 			count(o.order_id) AS open,
 			coalesce(max(o.redrive_attempts) FILTER (WHERE o.redrive_status = s.status), 0) AS max_redrives,
 			coalesce(date_trunc('second', now() - min(o.created_at))::text, '-') AS oldest
