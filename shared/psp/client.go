@@ -159,7 +159,9 @@ func (c *Client) post(ctx context.Context, op, path, key string, body any) (Answ
 			return fail(resp.StatusCode, true, fmt.Sprintf("void answer status %q (id %q) is not a known outcome", a.Status, a.ID), nil)
 		}
 		return a, nil
-	case op != "void" && (resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusPaymentRequired):
+	case op != "void" && (resp.StatusCode == http.StatusCreated || (op == "charge" && resp.StatusCode == http.StatusPaymentRequired)):
+		// 402 declined is a charge's outcome only: a refund is done or
+		// refused, and a refused one (402 included) is the default's error.
 		var a Answer
 		if err := json.Unmarshal(raw, &a); err != nil || a.ID == "" {
 			return fail(resp.StatusCode, true, "unreadable answer", err)

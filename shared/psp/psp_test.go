@@ -388,6 +388,25 @@ func TestClientWithoutProvider(t *testing.T) {
 	}
 }
 
+// TestARefundIsNeverDeclined: 402 with a declined status is a charge's
+// answer. To a refund it is a refusal, never an outcome: taken as one, the
+// payment was recorded refunded while the money stayed charged.
+func TestARefundIsNeverDeclined(t *testing.T) {
+	t.Parallel()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusPaymentRequired)
+		_, _ = w.Write([]byte(`{"id":"re_1","status":"declined"}`))
+	}))
+	defer hs.Close()
+	c := psp.NewClient(hs.URL, time.Second)
+	if a, err := c.Refund(t.Context(), "refund:x", "ch_1"); err == nil {
+		t.Fatalf("a refund answered 402 declined: %+v, no error; want a refusal", a)
+	}
+	if a, err := c.Charge(t.Context(), "charge:x", "1.00", "CNY", "r"); err != nil || a.Status != psp.StatusDeclined {
+		t.Fatalf("a charge answered 402 declined: %+v, %v; want the decline as an answer", a, err)
+	}
+}
+
 func FuzzDecodeCharge(f *testing.F) {
 	for _, s := range []string{
 		`{"amount":"39.98","currency":"CNY","reference":"0190"}`,
