@@ -35,6 +35,7 @@ import (
 	"strings"
 	"time"
 
+	"orderpipe/producer/problem"
 	"orderpipe/shared/order"
 )
 
@@ -340,10 +341,12 @@ func (c *Client) do(req *http.Request) (int, http.Header, []byte, error) {
 }
 
 // asProblem decodes a problem answer; an answer that is not one (a proxy's
-// 502 page) becomes a problem of class 1 for 5xx and 429, class 2 otherwise.
+// 502 page, a gateway's JSON with a code of its own) becomes a problem of
+// class 1 for 5xx and 429, class 2 otherwise. A problem of the intake has
+// its type under problem.TypePrefix and a code of class 1 to 3.
 func asProblem(status int, hdr http.Header, data []byte) *Problem {
 	p := &Problem{}
-	if err := json.Unmarshal(data, p); err != nil || p.Code == 0 {
+	if err := json.Unmarshal(data, p); err != nil || !strings.HasPrefix(p.Type, problem.TypePrefix) || p.Code < 100 || p.Code > 399 {
 		p = &Problem{Status: status, Title: http.StatusText(status), Code: 200}
 		if status >= 500 || status == http.StatusTooManyRequests {
 			p.Code, p.Retryable = 100, true

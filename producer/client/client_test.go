@@ -82,6 +82,28 @@ func newClient(t *testing.T, s *script) *client.Client {
 
 var req = client.OrderRequest{UserID: 1, Items: []client.Item{{SKU: "A", Quantity: 1}}, Amount: "39.98", Currency: "CNY"}
 
+// TestAGatewaysJSONIsNotAProblem: a proxy or gateway in front of the intake
+// may answer 5xx with JSON that has a numeric "code" of its own (Envoy's
+// 503, a gRPC gateway's 14). That is not an orderpipe problem: the client
+// goes by the HTTP status and retries, as for a proxy's HTML page.
+func TestAGatewaysJSONIsNotAProblem(t *testing.T) {
+	t.Parallel()
+	gateway := func(body string) func(w http.ResponseWriter) {
+		return func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, body)
+		}
+	}
+	s := &script{answers: []func(http.ResponseWriter){
+		gateway(`{"code":503,"message":"no healthy upstream"}`), gateway(`{"code":14,"message":"unavailable"}`), orderAnswer(202),
+	}}
+	res, err := newClient(t, s).CreateOrder(t.Context(), req)
+	if err != nil || res.Attempts != 3 {
+		t.Fatalf("%+v %v; want the gateway's 503s retried, then the order", res, err)
+	}
+}
+
 func TestRetriesClassOneAndKeepsTheRequestID(t *testing.T) {
 	t.Parallel()
 	s := &script{answers: []func(http.ResponseWriter){
