@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -559,6 +560,12 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, err := a.readBody(w, r)
+	var late *problem.Problem
+	if errors.As(err, &late) { // the body did not arrive within the deadline
+		metrics.IntakeRequests.WithLabelValues(metrics.OutcomeUnavailable).Inc()
+		a.writeError(w, r, err)
+		return
+	}
 	if err != nil {
 		invalid(err)
 		return
@@ -590,8 +597,10 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 
 // readBody reads a request body of at most MaxBodyBytes within the
 // request's deadline (a client that trickles it does not hold a slot for
-// longer). The error is a *http.MaxBytesError (413) or an invalid-input
-// *order.ValidationError.
+// longer). The error is a *http.MaxBytesError (413), the server's deadline
+// (503, code 101: a body still arriving at the deadline may be a valid
+// order on a slow network, to retry with the same request_id), or an
+// invalid-input *order.ValidationError.
 func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	rc := http.NewResponseController(w)
 	dl, ok := r.Context().Deadline()
@@ -602,7 +611,11 @@ func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	_ = rc.SetReadDeadline(time.Time{}) // the connection may serve further requests
 	var mbe *http.MaxBytesError
-	if err != nil && !errors.As(err, &mbe) {
+	switch {
+	case err == nil, errors.As(err, &mbe):
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		err = problem.New(problem.Unavailable, "the request body did not arrive within the server's deadline; retry with the same request_id")
+	default:
 		err = &order.ValidationError{Fields: []order.FieldError{{Field: "body", Message: "could not be read: " + err.Error()}}}
 	}
 	return body, err
