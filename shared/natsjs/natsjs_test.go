@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -281,6 +282,11 @@ func TestStartEmbeddedNamesAPortInUse(t *testing.T) {
 }
 
 func TestStartEmbeddedCluster(t *testing.T) {
+	// The stores' folder is made before the cleanup that stops the nodes is
+	// registered, so that it is removed after they stopped (cleanups run
+	// last first): a t.TempDir made per node afterwards was removed while
+	// its node still wrote to it ("directory not empty").
+	stores := t.TempDir()
 	var nodes []*server.Server
 	stop := func() {
 		for _, ns := range nodes {
@@ -303,7 +309,11 @@ func TestStartEmbeddedCluster(t *testing.T) {
 		var err error
 		for i, p := range ports {
 			var ns *server.Server
-			ns, err = natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: t.TempDir(), Name: fmt.Sprintf("n%d", i),
+			var dir string
+			if dir, err = os.MkdirTemp(stores, "node"); err != nil {
+				t.Fatal(err)
+			}
+			ns, err = natsjs.StartEmbedded(natsjs.EmbeddedOptions{StoreDir: dir, Name: fmt.Sprintf("n%d", i),
 				Cluster: natsjs.ClusterOptions{Name: "orderpipe-test", Port: p, Routes: slices.Delete(slices.Clone(routes), i, i+1)}})
 			if err != nil {
 				err = fmt.Errorf("node %d: %w", i, err)
