@@ -142,8 +142,9 @@ func Run(ctx context.Context, cfg config.Config, logger *slog.Logger, parts []Pa
 	if err := os.WriteFile(stack.EnvFile, []byte(stack.EnvText()), 0o600); err != nil {
 		return errors.Join(err, stopAll())
 	}
-	fmt.Fprintf(out, "orderpipe dev is up (%s). Its settings are in %s:\n\n%s\n", time.Since(t0).Round(time.Millisecond), stack.EnvFile, cli.Indent(stack.EnvText()))
-	fmt.Fprintf(out, "\nSend an order:\n\n%s\n\nStop with Ctrl-C.\n", cli.Indent(CurlExample(stack.BaseURL(), stack.Credentials.APIKey)))
+	// One write: a reader that sees the first line sees the whole greeting.
+	fmt.Fprintf(out, "orderpipe dev is up (%s). Its settings are in %s:\n\n%s\n\nSend an order:\n\n%s\n\nStop with Ctrl-C.\n",
+		time.Since(t0).Round(time.Millisecond), stack.EnvFile, cli.Indent(stack.EnvText()), cli.Indent(CurlExample(stack.BaseURL(), stack.Credentials.APIKey)))
 
 	<-ctx.Done()
 	logger.Info("shutting down", slog.Duration("drain", env.Config.ShutdownTimeout))
