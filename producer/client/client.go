@@ -352,10 +352,24 @@ func asProblem(status int, hdr http.Header, data []byte) *Problem {
 			p.Code, p.Retryable = 100, true
 		}
 	}
-	if s, err := strconv.Atoi(hdr.Get("Retry-After")); err == nil && s > 0 {
-		p.RetryAfter = time.Duration(s) * time.Second
-	}
+	p.RetryAfter = retryAfter(hdr.Get("Retry-After"), time.Now())
 	return p
+}
+
+// retryAfter reads a Retry-After header (RFC 9110): a number of seconds,
+// or an HTTP date (which a proxy in front of the intake may send); 0 when
+// it is absent, malformed or past.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil {
+		return max(time.Duration(s)*time.Second, 0)
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0)
+	}
+	return 0
 }
 
 // retry runs attempt until it returns retry=false, within the budget. The

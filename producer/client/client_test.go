@@ -163,6 +163,27 @@ func TestHonoursRetryAfter(t *testing.T) {
 	}
 }
 
+// TestHonoursRetryAfterAsADate: RFC 9110 lets Retry-After be an HTTP date,
+// as a proxy or load balancer in front of the intake may send it; the
+// client waits until then too, not only for a number of seconds.
+func TestHonoursRetryAfterAsADate(t *testing.T) {
+	t.Parallel()
+	s := &script{answers: []func(http.ResponseWriter){
+		func(w http.ResponseWriter) {
+			problemAnswer(503, 0, time.Now().Add(2*time.Second).UTC().Format(http.TimeFormat))(w)
+		},
+		orderAnswer(202),
+	}}
+	c := newClient(t, s)
+	if _, err := c.CreateOrder(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	// The date has whole seconds: at least one second of the two is left.
+	if gap := s.times[1].Sub(s.times[0]); gap < 900*time.Millisecond {
+		t.Fatalf("retried after %s, Retry-After named a time about 2s away", gap)
+	}
+}
+
 func TestTimeoutsAreRetriedWithinTheBudget(t *testing.T) {
 	t.Parallel()
 	s := &script{answers: []func(http.ResponseWriter){hang(300 * time.Millisecond), orderAnswer(200)}}
