@@ -21,6 +21,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -121,7 +122,7 @@ func command(run func(ctx context.Context, s Settings, out, progress io.Writer) 
 			f.burst = fs.Bool("burst", true, "replay: send all users × requests at once (false: the users at once, each its requests one after another)")
 			f.cold = fs.Bool("cold", false, "replay: open the connections inside the measured burst (default: opened by a warm-up burst first)")
 			f.rounds = fs.Int("rounds", 4, "compare: baseline+intake pairs (A B A B …)")
-			f.timeout = fs.Duration("timeout", 30*time.Second, "bound on one request")
+			f.timeout = fs.Duration("timeout", 30*time.Second, "intake, e2e, compare: bound on one request")
 			f.drain = fs.Duration("drain", 5*time.Minute, "e2e: how long to wait for accepted orders to finish")
 			f.settle = fs.Bool("settle", true, "compare: before each round, wait until earlier rounds' orders are terminal")
 		},
@@ -133,6 +134,22 @@ func command(run func(ctx context.Context, s Settings, out, progress io.Writer) 
 			return run(ctx, s, inv.Stdout, inv.Stderr)
 		},
 	}
+}
+
+// flagActions names the actions that read each action-specific flag (the
+// others, where the stack is and where results go, apply to all).
+var flagActions = map[string][]string{
+	"concurrency": {"intake", "e2e", "baseline", "compare"},
+	"rate":        {"intake", "e2e"},
+	"duration":    {"intake", "e2e", "baseline", "compare"},
+	"timeout":     {"intake", "e2e", "compare"},
+	"users":       {"replay"},
+	"requests":    {"replay"},
+	"burst":       {"replay"},
+	"cold":        {"replay"},
+	"rounds":      {"compare"},
+	"settle":      {"compare"},
+	"drain":       {"e2e"},
 }
 
 // parse turns the command line into Settings, or a usage error.
@@ -155,6 +172,17 @@ func parse(inv cli.Invocation, f flags) (Settings, error) {
 	}
 	if inv.Flags.NArg() > 0 {
 		return Settings{}, cli.Usagef("unexpected arguments: %q", inv.Flags.Args())
+	}
+	// A flag the action does not read is refused, not ignored: a figure
+	// must come from the settings the command line shows.
+	var misplaced []string
+	inv.Flags.Visit(func(fl *flag.Flag) {
+		if actions, ok := flagActions[fl.Name]; ok && !slices.Contains(actions, action) {
+			misplaced = append(misplaced, fmt.Sprintf("--%s does not apply to %s (it is for %s)", fl.Name, action, strings.Join(actions, ", ")))
+		}
+	})
+	if len(misplaced) > 0 {
+		return Settings{}, cli.Usagef("%s", strings.Join(misplaced, "; "))
 	}
 	s := Settings{
 		Action: action, Concurrency: *f.concurrency, Rate: *f.rate, Duration: *f.duration, Users: *f.users, Requests: *f.requests,

@@ -44,6 +44,49 @@ func offlineConfig(t *testing.T) config.Config {
 	return config.Config{DataDir: t.TempDir(), HTTPAddr: ":8080"}
 }
 
+// TestFlagsThatDoNotApplyAreRefused: a flag the action does not read is a
+// usage error, not silently ignored: `compare --rate 500` divided an
+// open-loop intake, capped at 500/s, by a saturated baseline, and printed
+// that as the ratio.
+func TestFlagsThatDoNotApplyAreRefused(t *testing.T) {
+	t.Setenv(config.EnvDatabaseURL, "")
+	t.Setenv("ORDERPIPE_API_KEY", "")
+	good := []string{"--api-key", "k", "--database-url", "postgres://u@127.0.0.1:1/db", "--url", "http://127.0.0.1:1"}
+	for _, tc := range [][]string{
+		{"compare", "--rate", "500"},
+		{"baseline", "--rate", "500"},
+		{"replay", "--timeout", "1s"},
+		{"replay", "--duration", "5s"},
+		{"replay", "--concurrency", "8"},
+		{"intake", "--users", "5"},
+		{"e2e", "--requests", "5"},
+		{"baseline", "--rounds", "2"},
+		{"e2e", "--settle=false"},
+		{"intake", "--drain", "1m"},
+		{"compare", "--burst=false"},
+		{"baseline", "--timeout", "1s"},
+	} {
+		args := append(append([]string{tc[0]}, good...), tc[1:]...)
+		_, _, err := invoke(t, nil, offlineConfig(t), args...)
+		var ue cli.UsageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), strings.SplitN(tc[1], "=", 2)[0]) || !strings.Contains(err.Error(), "does not apply") {
+			t.Errorf("bench %s: want a usage error saying %s does not apply, got %v", strings.Join(args, " "), tc[1], err)
+		}
+	}
+	// The flags each action reads are accepted.
+	for _, args := range [][]string{
+		{"intake", "--rate", "20", "--timeout", "5s", "--duration", "2s", "--concurrency", "4"},
+		{"e2e", "--rate", "20", "--drain", "1m"},
+		{"replay", "--users", "5", "--requests", "3", "--burst=false", "--cold"},
+		{"compare", "--rounds", "2", "--settle=false", "--duration", "2s", "--timeout", "5s"},
+		{"baseline", "--duration", "2s", "--concurrency", "4"},
+	} {
+		if _, err := settingsOf(t, offlineConfig(t), append(args, good...)...); err != nil {
+			t.Errorf("bench %s: %v", strings.Join(args, " "), err)
+		}
+	}
+}
+
 // Every malformed command line is refused as a usage error that names the
 // flag, for every action, before anything is sent anywhere.
 func TestMalformedCommandLines(t *testing.T) {
