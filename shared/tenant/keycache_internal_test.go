@@ -13,20 +13,26 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// blockedCache returns a cache whose lookups wait for release, then answer
+// the client id; calls counts the lookups.
+func blockedCache() (k *KeyCache, release chan struct{}, calls func() int32, id uuid.UUID) {
+	release, id = make(chan struct{}), uuid.New()
+	var n atomic.Int32
+	k = NewKeyCache(time.Hour, 10)
+	k.lookup = func(context.Context, *pgxpool.Pool, string) (Client, error) {
+		n.Add(1)
+		<-release
+		return Client{ID: id}, nil
+	}
+	return k, release, n.Load, id
+}
+
 // TestKeyCacheLooksUpOnceForConcurrentMisses: a burst of requests with one
 // key on a cold cache makes one lookup, not one per request; every request
 // gets the lookup's answer, and the next one is served from the cache.
 func TestKeyCacheLooksUpOnceForConcurrentMisses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		var calls atomic.Int32
-		id := uuid.New()
-		k := NewKeyCache(time.Hour, 10)
-		k.lookup = func(context.Context, *pgxpool.Pool, string) (Client, error) {
-			calls.Add(1)
-			<-release
-			return Client{ID: id}, nil
-		}
+		k, release, calls, id := blockedCache()
 		key := APIKeyPrefix + "burst"
 		var wg sync.WaitGroup
 		var wrong atomic.Int32
@@ -39,7 +45,7 @@ func TestKeyCacheLooksUpOnceForConcurrentMisses(t *testing.T) {
 			})
 		}
 		synctest.Wait() // every caller blocked: in the lookup, or waiting for it
-		if n := calls.Load(); n != 1 {
+		if n := calls(); n != 1 {
 			t.Errorf("%d lookups for 50 concurrent requests with one key, want 1", n)
 		}
 		close(release)
@@ -47,8 +53,8 @@ func TestKeyCacheLooksUpOnceForConcurrentMisses(t *testing.T) {
 		if wrong.Load() != 0 {
 			t.Errorf("%d requests did not get the lookup's client", wrong.Load())
 		}
-		if c, err := k.Authenticate(t.Context(), nil, key); err != nil || c.ID != id || calls.Load() != 1 {
-			t.Errorf("after the burst: %+v, %v, %d lookups; want the cached client and no new lookup", c, err, calls.Load())
+		if c, err := k.Authenticate(t.Context(), nil, key); err != nil || c.ID != id || calls() != 1 {
+			t.Errorf("after the burst: %+v, %v, %d lookups; want the cached client and no new lookup", c, err, calls())
 		}
 	})
 }
@@ -60,15 +66,7 @@ func TestKeyCacheLooksUpOnceForConcurrentMisses(t *testing.T) {
 // The lookup goes on for the others, and its answer is cached.
 func TestKeyCacheGivesUpAtItsCallersDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		var calls atomic.Int32
-		id := uuid.New()
-		k := NewKeyCache(time.Hour, 10)
-		k.lookup = func(context.Context, *pgxpool.Pool, string) (Client, error) {
-			calls.Add(1)
-			<-release
-			return Client{ID: id}, nil
-		}
+		k, release, calls, id := blockedCache()
 		key := APIKeyPrefix + "slow"
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
@@ -91,8 +89,8 @@ func TestKeyCacheGivesUpAtItsCallersDeadline(t *testing.T) {
 		}
 		close(release)
 		synctest.Wait()
-		if c, err := k.Authenticate(t.Context(), nil, key); err != nil || c.ID != id || calls.Load() != 1 {
-			t.Errorf("after the lookup: %+v, %v, %d lookups; want the cached client and no new lookup", c, err, calls.Load())
+		if c, err := k.Authenticate(t.Context(), nil, key); err != nil || c.ID != id || calls() != 1 {
+			t.Errorf("after the lookup: %+v, %v, %d lookups; want the cached client and no new lookup", c, err, calls())
 		}
 		if !answered {
 			if err := <-done; err != nil {
