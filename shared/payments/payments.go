@@ -122,11 +122,11 @@ type Due struct {
 // it) is waited for and read, never the status before it, so no pending
 // payment (hence no charge) is recorded for an order cancelled meanwhile.
 // The orders are taken in id order, so that two such statements at once
-// never wait for each other's rows in a cycle. Each order is looked up through its key in a
-// LATERAL subquery, also by a plan PostgreSQL cached while orders was
-// nearly empty (see postgres.DB); the statement runs on its generic plan
-// (postgres.QueryGeneric), so db is a pool or a connection, not a
-// transaction.
+// never wait for each other's rows in a cycle. Each order is looked up
+// through its key in a LATERAL subquery, also by a plan PostgreSQL cached
+// while orders was nearly empty (see postgres.DB); the statement runs on
+// its generic plan (postgres.QueryGeneric), so db is a pool or a
+// connection, not a transaction.
 func PendingMany(ctx context.Context, db postgres.Batcher, orderIDs []uuid.UUID, chargeable string) (map[uuid.UUID]Due, error) {
 	ids, keys := make([][16]byte, len(orderIDs)), make([]string, len(orderIDs))
 	for i, id := range orderIDs {

@@ -591,7 +591,7 @@ func (s *stack) printFaults(w io.Writer) {
 	// A restart that failed is the run's own trouble, not an injected
 	// fault: say which and why, so that it can be looked into.
 	for _, f := range s.log.between(time.Time{}, time.Now()) {
-		if f.Kind == "restart failed" {
+		if f.Kind == restartFailed {
 			fmt.Fprintf(w, "  restart failed at %s: %s\n", f.At.UTC().Format("15:04:05.000"), f.Detail)
 		}
 	}
