@@ -226,16 +226,27 @@ func (p *Pipeline) correlation(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // poison dead-letters a message whose error is permanent, or whose last
-// allowed delivery failed, and acks it; the order is left to the
-// compensator. Other errors pass through (nack, redelivered later).
+// allowed delivery (cfg.MaxDeliver) failed, and acks it; the order is left
+// to the compensator. Other errors pass through (nack, redelivered later).
+//
+// A message is acked only once its dead letter is stored: when storing it
+// fails (PostgreSQL down), the message is nacked and comes back. A delivery
+// past cfg.MaxDeliver (the last allowed one could not store its dead
+// letter, or its process died) runs no step: it only stores the dead
+// letter.
 func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		out, err := h(msg)
-		if err == nil {
-			return out, nil
+		delivered := metaInt(msg, metaDelivered)
+		var err error
+		if delivered > p.cfg.MaxDeliver {
+			err = fmt.Errorf("no step run past the last allowed delivery (%d), which ended without storing its dead letter (PostgreSQL unavailable, or its process stopped)", p.cfg.MaxDeliver)
+		} else {
+			var out []*message.Message
+			if out, err = h(msg); err == nil {
+				return out, nil
+			}
 		}
 		name := message.HandlerNameFromCtx(msg.Context())
-		delivered := metaInt(msg, metaDelivered)
 		permanent := step.IsPermanent(err)
 		if !permanent && delivered < p.cfg.MaxDeliver {
 			metrics.HandlerMessages.WithLabelValues(name, metrics.HandlerRetried).Inc()
@@ -249,7 +260,8 @@ func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 		}
 		id, dlErr := putDeadLetter(context.WithoutCancel(msg.Context()), p.env.Pool, name, msg, reason, delivered)
 		if dlErr != nil {
-			Logger(msg.Context()).ErrorContext(msg.Context(), "dead-letter the message", slog.Any("error", dlErr), slog.Any("cause", err))
+			Logger(msg.Context()).ErrorContext(msg.Context(), "dead-letter the message; it will be delivered again", slog.Any("error", dlErr), slog.Any("cause", err),
+				slog.Duration("in", p.cfg.Delay(delivered)))
 			return nil, errors.Join(err, dlErr)
 		}
 		metrics.HandlerMessages.WithLabelValues(name, metrics.HandlerDeadLettered).Inc()

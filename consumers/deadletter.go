@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,7 +48,9 @@ func storable(s string) string {
 
 // putDeadLetter stores msg, retrying a few times: it runs when the message
 // is about to be acked for good. Its payload is kept exactly; its id,
-// subject and headers as storable makes them.
+// subject and headers as storable makes them. The same copy of a message
+// (consumer, message id, stream sequence) is stored once: a redelivery after
+// a lost ack gets the id of its first dead letter.
 func putDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer string, msg *message.Message, reason string, attempts int) (int64, error) {
 	headers := map[string]string{}
 	for k, v := range msg.Metadata {
@@ -60,13 +63,19 @@ func putDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer string, msg
 	if id, err := uuid.Parse(headers[orderevent.HeaderOrderID]); err == nil {
 		orderID = &id
 	}
+	var seq *int64
+	if n, err := strconv.ParseInt(msg.Metadata.Get(metaStreamSeq), 10, 64); err == nil && n > 0 {
+		seq = &n
+	}
 	var id int64
 	var err error
 	for i, pause := 0, 100*time.Millisecond; i < 4; i, pause = i+1, pause*3 {
 		err = pool.QueryRow(ctx, `
-			INSERT INTO dead_letters (consumer, message_id, subject, payload, headers, error, attempts, order_id)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
-			consumer, storable(msg.UUID), storable(msg.Metadata.Get(metaSubject)), []byte(msg.Payload), hb, storable(reason), attempts, orderID).Scan(&id)
+			INSERT INTO dead_letters (consumer, message_id, subject, payload, headers, error, attempts, order_id, stream_seq)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+			ON CONFLICT (consumer, message_id, stream_seq) DO UPDATE SET attempts = dead_letters.attempts
+			RETURNING id`,
+			consumer, storable(msg.UUID), storable(msg.Metadata.Get(metaSubject)), []byte(msg.Payload), hb, storable(reason), attempts, orderID, seq).Scan(&id)
 		if err == nil {
 			return id, nil
 		}

@@ -2,10 +2,12 @@ package consumers_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -316,5 +318,87 @@ func TestMalformedHeadersAreDeadLettered(t *testing.T) {
 	}
 	if d.MessageID != "raw-\uFFFD-"+id[len("raw-\x00-"):] || d.Headers["X-Nul"] != "a\uFFFDb" || d.Headers["X-Latin1"] != "caf\uFFFD" {
 		t.Errorf("id %q, headers %q: want the refused bytes replaced with U+FFFD", d.MessageID, d.Headers)
+	}
+}
+
+// TestDeadLetterOutlivesAPostgresOutage: a message that fails for good
+// while PostgreSQL is down, across its last allowed delivery, is
+// dead-lettered once PostgreSQL is back. It is acked only after its dead
+// letter is stored; the broker does not drop it at MaxDeliver.
+func TestDeadLetterOutlivesAPostgresOutage(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	db := &testenv.Database{Name: "postgres", URL: pg.URL("postgres"), Pool: testenv.Pool(t, pg.URL("postgres"))}
+	e := pipetest.NewOn(t, db, testenv.NATS(t), pspserver.Options{})
+	cfg := pipetest.Config()
+	cfg.MaxDeliver = 2
+	pipetest.Start(t, e.App, cfg, e.Steps(time.Second)...)
+	// The broker gives up on a message at its consumer's MaxDeliver and
+	// says so in an advisory; past it, deliveries go on.
+	var gaveUp atomic.Bool
+	sub, err := e.NATS.Conn.Subscribe("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+e.App.Topology.Stream+".>", func(*nats.Msg) { gaveUp.Store(true) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	stream, err := e.NATS.JS.Stream(t.Context(), e.App.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered := func() int {
+		most := 0
+		for c := range stream.ListConsumers(t.Context()).Info() {
+			most = max(most, int(c.Delivered.Consumer))
+		}
+		return most
+	}
+
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	publishRaw(t, e, e.App.Topology.Subject(orderevent.Accepted), []byte("not json"), "")
+	testenv.WaitFor(t, 60*time.Second, "the message's last allowed delivery over", func() bool {
+		return gaveUp.Load() || delivered() > cfg.MaxDeliver
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatalf("start PostgreSQL again: %v", err)
+	}
+	testenv.WaitFor(t, 60*time.Second, "the dead letter stored once PostgreSQL is back", func() bool {
+		var n int
+		err := e.DB.Pool.QueryRow(t.Context(), `SELECT count(*) FROM dead_letters`).Scan(&n)
+		return err == nil && n > 0
+	})
+	dls := deadLetters(t, e)
+	if len(dls) != 1 || dls[0].Consumer != "inventory" || string(dls[0].Payload) != "not json" || dls[0].Attempts <= cfg.MaxDeliver {
+		t.Fatalf("dead letters %+v, want the message once, after its last allowed delivery", dls)
+	}
+}
+
+// TestADeadLetterIsStoredOncePerCopy: a message is acked only after its
+// dead letter is stored, so a lost ack brings the same copy back; storing
+// it again returns the first dead letter. Another copy of the message (the
+// relay's republish, at another stream sequence) is a dead letter of its own.
+func TestADeadLetterIsStoredOncePerCopy(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, pspserver.Options{})
+	first, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 7, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 7, []byte("x"))
+	if err != nil || again != first {
+		t.Fatalf("the same copy stored again: dead letter %d (%v), want %d", again, err, first)
+	}
+	other, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 9, []byte("x"))
+	if err != nil || other == first {
+		t.Fatalf("another copy: dead letter %d (%v), want a new one", other, err)
+	}
+	if other2, err := consumers.PutDeadLetter(t.Context(), e.App, "payment", "m-1", 7, []byte("x")); err != nil || other2 == first || other2 == other {
+		t.Fatalf("another consumer's copy: dead letter %d (%v), want a new one", other2, err)
+	}
+	if n := len(deadLetters(t, e)); n != 3 {
+		t.Fatalf("%d dead letters, want 3", n)
 	}
 }

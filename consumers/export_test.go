@@ -2,9 +2,13 @@ package consumers
 
 import (
 	"context"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"orderpipe/consumers/step"
 	"orderpipe/shared/app"
+	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
 )
 
@@ -34,3 +38,12 @@ func (c *Committer) Commit(ctx context.Context, msgID string, apply step.Apply) 
 
 // Queued is how many commits wait for the next batch.
 func (c *Committer) Queued() int { return c.c.q.Len() }
+
+// PutDeadLetter stores the dead letter of a message with the given id and
+// stream sequence, as a step's last delivery does.
+func PutDeadLetter(ctx context.Context, env *app.Env, consumer, msgID string, streamSeq uint64, payload []byte) (int64, error) {
+	msg := message.NewMessage(msgID, payload)
+	msg.Metadata.Set(metaSubject, env.Topology.Subject(orderevent.Accepted))
+	msg.Metadata.Set(metaStreamSeq, strconv.FormatUint(streamSeq, 10))
+	return putDeadLetter(ctx, env.Pool, consumer, msg, "test", 2)
+}

@@ -65,9 +65,14 @@ func newSubscriber(js jetstream.JetStream, stream string, cc jetstream.ConsumerC
 	return &subscriber{js: js, stream: stream, cc: cc, cfg: cfg, logger: logger, closing: make(chan struct{}), ensure: ensure}
 }
 
-// consumerConfig is the durable consumer of a step: explicit acks, a
-// bounded number of deliveries, ack-timeout redeliveries spaced by BackOff
-// (its first value is the AckWait), all events of the stream that match.
+// consumerConfig is the durable consumer of a step: explicit acks,
+// ack-timeout redeliveries spaced by BackOff (its first value is the
+// AckWait), all events of the stream that match. The broker does not bound
+// the deliveries (MaxDeliver -1): it would drop a message at its last one,
+// whatever became of it, and a dead letter that could not be stored then
+// (PostgreSQL down) would be lost. The pipeline bounds them (poison): past
+// cfg.MaxDeliver a delivery runs no step, it only stores the dead letter,
+// and the message is acked once that is done.
 func consumerConfig(name string, subjects []string, cfg Config) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        name,
@@ -77,7 +82,7 @@ func consumerConfig(name string, subjects []string, cfg Config) jetstream.Consum
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        cfg.AckWait,
 		BackOff:        cfg.AckBackOff(),
-		MaxDeliver:     cfg.MaxDeliver,
+		MaxDeliver:     -1,
 		MaxAckPending:  cfg.MaxAckPending,
 		ReplayPolicy:   jetstream.ReplayInstantPolicy,
 	}
