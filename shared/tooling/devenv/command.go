@@ -20,7 +20,8 @@ import (
 type Part struct {
 	// Name for logs.
 	Name string
-	// Seed runs once on a database new to dev (optional).
+	// Seed puts the part's dev data in place at every start with the part
+	// (optional; see Seeder).
 	Seed Seeder
 	// Start starts the part and returns once it is serving; wait blocks
 	// until the part has stopped after ctx ended. A part may fill in

@@ -34,8 +34,11 @@ const (
 	PreferredNATSPort = 4222
 )
 
-// Seeder runs once per database, on the first `dev` start, after the
-// migrations (e.g. stocking the inventory).
+// Seeder puts a part's dev data in place (e.g. stocking the inventory). It
+// runs after the migrations at every `dev` start with the part, and must
+// leave what already exists as it is: the data dir may be new, or known
+// from a start without that part (`dev producer`, then `dev`), or from an
+// earlier start with it.
 type Seeder func(ctx context.Context, pool *pgxpool.Pool) error
 
 // Stack is the running dev infrastructure.
@@ -100,15 +103,12 @@ func Start(ctx context.Context, cfg config.Config, logger *slog.Logger, seeders 
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		return nil, err
 	}
-	fresh, err := s.devClient(ctx, pool, dir)
-	if err != nil {
+	if err := s.devClient(ctx, pool, dir); err != nil {
 		return nil, err
 	}
-	if fresh {
-		for _, seed := range seeders {
-			if err := seed(ctx, pool); err != nil {
-				return nil, fmt.Errorf("seed dev data: %w", err)
-			}
+	for _, seed := range seeders {
+		if err := seed(ctx, pool); err != nil {
+			return nil, fmt.Errorf("seed dev data: %w", err)
 		}
 	}
 	if err := os.WriteFile(s.EnvFile, []byte(s.EnvText()), 0o600); err != nil {
@@ -120,30 +120,30 @@ func Start(ctx context.Context, cfg config.Config, logger *slog.Logger, seeders 
 
 // devClient loads the dev client's credentials from the data dir, or
 // creates the client when the database does not know it (a new data dir,
-// or a new DATABASE_URL). It reports whether the database was new to dev.
-func (s *Stack) devClient(ctx context.Context, pool *pgxpool.Pool, dir string) (bool, error) {
+// or a new DATABASE_URL).
+func (s *Stack) devClient(ctx context.Context, pool *pgxpool.Pool, dir string) error {
 	path := filepath.Join(dir, "dev-client.json")
 	if b, err := os.ReadFile(path); err == nil {
 		var c tenant.Credentials
 		if json.Unmarshal(b, &c) == nil {
 			if _, err := tenant.Authenticate(ctx, pool, c.APIKey); err == nil {
 				s.Credentials = c
-				return false, nil
+				return nil
 			}
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return false, err
+		return err
 	}
 	c, err := tenant.Create(ctx, pool, "dev")
 	if err != nil {
-		return false, err
+		return err
 	}
 	b, _ := json.MarshalIndent(c, "", "  ")
 	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return false, fmt.Errorf("write %s: %w", path, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	s.Credentials = c
-	return true, nil
+	return nil
 }
 
 // EnvText is dev.env's content: shell KEY=value lines.
