@@ -55,6 +55,11 @@ func Command() cli.Command {
 			if err != nil {
 				return err
 			}
+			// The steps and the webhook worker stop when serving does: a
+			// process whose address cannot be bound fails at start instead
+			// of running without its probes and metrics.
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
 			// The webhook delivery worker runs beside the steps; a slow
 			// receiver only ever holds its own delivery slots.
 			waitHooks, err := webhook.Start(ctx, env)
@@ -64,12 +69,14 @@ func Command() cli.Command {
 			defer func() { _ = waitHooks() }()
 			mux := http.NewServeMux()
 			env.Mount(mux)
-			sctx, stopServer := context.WithCancel(ctx)
 			served := make(chan error, 1)
-			go func() { served <- app.Serve(sctx, inv.Config.HTTPAddr, mux, logger, inv.Config.ShutdownTimeout) }()
+			go func() {
+				served <- app.Serve(ctx, inv.Config.HTTPAddr, mux, logger, inv.Config.ShutdownTimeout)
+				cancel()
+			}()
 			runErr := p.Run(ctx)
-			stopServer()
-			return errors.Join(runErr, <-served)
+			cancel()
+			return errors.Join(<-served, runErr)
 		},
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -384,4 +386,26 @@ func TestCommandDrainsOnSIGTERM(t *testing.T) {
 		t.Fatalf("consumers after SIGTERM: %v; output:\n%s", err, out.String())
 	}
 	e.CheckInvariants(t)
+}
+
+// TestConsumersStopWhenTheirAddressIsTaken: `orderpipe consumers` whose
+// HTTP_ADDR cannot be bound exits with an error at start, as the other
+// processes do, instead of running without /healthz, /readyz and /metrics
+// (probes and scrapes would then reach whatever holds the port).
+func TestConsumersStopWhenTheirAddressIsTaken(t *testing.T) {
+	t.Parallel()
+	ns, e := onOwnNATS(t)
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	cmd, out, done := startConsumers(t, e, ns, "HTTP_ADDR="+held.Addr().String())
+	exited, err := waitExit(t, cmd, done, 20*time.Second)
+	if !exited {
+		t.Fatalf("consumers kept running without their HTTP address:\n%s", out.String())
+	}
+	if err == nil || !strings.Contains(out.String(), "address already in use") {
+		t.Fatalf("consumers exited with %v, want an error naming the taken address:\n%s", err, out.String())
+	}
 }
