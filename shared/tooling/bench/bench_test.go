@@ -4,11 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"orderpipe/consumers"
@@ -281,5 +286,62 @@ func TestProductDoesNotImportTooling(t *testing.T) {
 		if strings.HasPrefix(p, "orderpipe/shared/tooling") {
 			t.Errorf("the product depends on %s", p)
 		}
+	}
+}
+
+// TestReplayCountsRetriesByCause: a replay says why its calls were
+// retried. A proxy in front of the intake answers the first create
+// requests with 502, 503, 429 and a dropped connection; the client retries
+// each, the replay still ends with every order once, and the result counts
+// the attempts by what they got (shed load apart from failures).
+func TestReplayCountsRetriesByCause(t *testing.T) {
+	s := startStack(t, false)
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	// The drop comes first, while every connection is new (--cold).
+	faults := []int{0, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusBadGateway}
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		fault := -1
+		if r.Method == http.MethodPost && len(faults) > 0 {
+			fault, faults = faults[0], faults[1:]
+		}
+		mu.Unlock()
+		switch fault {
+		case -1:
+			proxy.ServeHTTP(w, r)
+		case 0: // the connection drops before an answer
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+		default:
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(fault)
+		}
+	}))
+	defer srv.Close()
+	s.url = srv.URL
+
+	// --cold: on a connection it reused, net/http sends a request with an
+	// Idempotency-Key again by itself when the server drops it, and the
+	// client would never see the dropped connection.
+	out := filepath.Join(t.TempDir(), "replay")
+	stdout, stderr, err := invoke(t, nil, offlineConfig(t), s.args("replay", out, "--users", "3", "--requests", "2", "--cold")...)
+	if err != nil {
+		t.Fatalf("bench replay: %v\n%s\n%s", err, stdout, stderr)
+	}
+	r := readResult(t, out)
+	checkRun(t, r.Runs[0], "replay")
+	x := r.Runs[0].Extra
+	if r.Runs[0].OrdersInDB != 3 || x["retries"] != 5 || x[attempts429] != 1 || x[attempts503] != 1 || x[attemptsOther5xx] != 2 || x[attemptsConnError] != 1 || x[attemptsOther] != 0 {
+		t.Fatalf("replay through faults: %+v", x)
+	}
+	if !strings.Contains(stdout, "2 shed (429: 1, 503: 1), 3 failed (other 5xx: 2, other answers: 0, connection errors: 1)") {
+		t.Fatalf("summary does not give the causes of the retries:\n%s", stdout)
 	}
 }

@@ -202,7 +202,8 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		}
 	}
 	c := client.New(s.URL, s.APIKey)
-	c.HTTP = httpClient
+	attempts := &attemptCounter{base: httpClient.Transport}
+	c.HTTP = &http.Client{Transport: attempts, Timeout: httpClient.Timeout, CheckRedirect: httpClient.CheckRedirect}
 	results := make(chan *vegeta.Result, total)
 	var (
 		retries atomic.Int64
@@ -263,6 +264,9 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 	run.Duplicates += mismatched
 	run.Extra = map[string]int64{"users": int64(s.Users), "requests_per_user": int64(s.Requests),
 		"created": created, "replayed": replayed, "retries": retries.Load(), "found_by_request_id": found}
+	for k, n := range attempts.failed() {
+		run.Extra[k] = n
+	}
 	if pool != nil {
 		rows, distinct, err := countOrders(ctx, pool, prefix)
 		if err != nil {
@@ -272,6 +276,63 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		run.Duplicates += rows - distinct
 	}
 	return run, nil
+}
+
+// Keys of a replay's Extra: the attempts (first tries and retries) that
+// got no 2xx answer, by what they got. The client retries each of them
+// (or gives up on the call), so they say why there were retries: load shed
+// by the intake (429, 503) or failures (other 5xx, a connection error).
+const (
+	attempts429       = "attempts_429"
+	attempts503       = "attempts_503"
+	attemptsOther5xx  = "attempts_other_5xx"
+	attemptsOther     = "attempts_other_non_2xx"
+	attemptsConnError = "attempts_connection_error"
+)
+
+// attemptCounter is the replay client's transport: it counts the
+// attempts without a 2xx answer by what they got.
+type attemptCounter struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	n    map[string]int64
+}
+
+func (a *attemptCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := a.base.RoundTrip(r)
+	var k string
+	switch {
+	case err != nil:
+		k = attemptsConnError
+	case res.StatusCode/100 == 2:
+		return res, nil
+	case res.StatusCode == http.StatusTooManyRequests:
+		k = attempts429
+	case res.StatusCode == http.StatusServiceUnavailable:
+		k = attempts503
+	case res.StatusCode/100 == 5:
+		k = attemptsOther5xx
+	default:
+		k = attemptsOther
+	}
+	a.mu.Lock()
+	if a.n == nil {
+		a.n = map[string]int64{}
+	}
+	a.n[k]++
+	a.mu.Unlock()
+	return res, err
+}
+
+// failed returns the counts of every kind, zeros included.
+func (a *attemptCounter) failed() map[string]int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string]int64{}
+	for _, k := range []string{attempts429, attempts503, attemptsOther5xx, attemptsOther, attemptsConnError} {
+		out[k] = a.n[k]
+	}
+	return out
 }
 
 // sendReplay sends one request of a replay and returns its result

@@ -249,8 +249,11 @@ func printSummary(w io.Writer, res *Result) {
 			fmt.Fprintf(w, "  %s\n", r.DB)
 		}
 		if r.Kind == "replay" {
-			fmt.Fprintf(w, "  replay: %d users × %d requests: %d created, %d replayed, %d retries of shed requests; %d found by request_id; orders in the database: %s\n",
+			fmt.Fprintf(w, "  replay: %d users × %d requests: %d created, %d replayed, %d retries; %d found by request_id; orders in the database: %s\n",
 				r.Extra["users"], r.Extra["requests_per_user"], r.Extra["created"], r.Extra["replayed"], r.Extra["retries"], r.Extra["found_by_request_id"], dbCount(r.OrdersInDB))
+			fmt.Fprintf(w, "  attempts without a 2xx: %d shed (429: %d, 503: %d), %d failed (other 5xx: %d, other answers: %d, connection errors: %d)\n",
+				r.Extra[attempts429]+r.Extra[attempts503], r.Extra[attempts429], r.Extra[attempts503],
+				r.Extra[attemptsOther5xx]+r.Extra[attemptsOther]+r.Extra[attemptsConnError], r.Extra[attemptsOther5xx], r.Extra[attemptsOther], r.Extra[attemptsConnError])
 			for _, a := range []string{"created", "replayed"} {
 				if l, ok := r.ByAnswer[a]; ok {
 					fmt.Fprintf(w, "  answered %-8s p50 %8.2f ms  p95 %8.2f ms  p99 %8.2f ms  max %8.2f ms\n", a, l.P50, l.P95, l.P99, l.Max)
