@@ -74,10 +74,14 @@ func (l *faultLog) between(from, to time.Time) []fault {
 // scheduler injects faults at random, from the seed: the same seed makes
 // the same sequence of choices (what the system does in between is not
 // deterministic, so the run is a replay of the schedule, not of the
-// interleaving).
+// interleaving). Every random value comes from next, which reads nothing
+// of the stack; inject, which looks at the stack's state, draws nothing.
 type scheduler struct {
 	s   *stack
 	rng *rand.Rand
+	// parts and nodes are how many processes kill -9 and NATS node stops
+	// choose from: fixed for a run.
+	parts, nodes int
 	// pending restarts: a killed part comes back after a while.
 	wg sync.WaitGroup
 	// one NATS node down at most (R3 keeps a quorum), and the stream is
@@ -88,7 +92,12 @@ type scheduler struct {
 }
 
 func newScheduler(s *stack, seed uint64) *scheduler {
-	return &scheduler{s: s, rng: rand.New(rand.NewPCG(seed, 1))}
+	return &scheduler{s: s, rng: rand.New(rand.NewPCG(seed, 1)), parts: len(s.parts()), nodes: len(s.nodes)}
+}
+
+// parts are the processes kill -9 chooses from.
+func (s *stack) parts() []*proc {
+	return append(append(append([]*proc{}, s.producers...), s.consumers...), s.comp, s.psp)
 }
 
 func (sc *scheduler) dur(min, max time.Duration) time.Duration {
@@ -126,17 +135,59 @@ func (sc *scheduler) pick() string {
 	return faultKinds[0].name
 }
 
+// draw is one fault of the schedule: the wait before it, its kind, and
+// every random value its injection uses.
+type draw struct {
+	wait time.Duration
+	kind string
+	// kill -9 part: which (an index of stack.parts); nats node stop: which
+	// node, or the stream's leader, and whether by kill -9.
+	part, node   int
+	leader, hard bool
+	// back: when a stopped part or node comes back, or the provider heals.
+	back time.Duration
+	// duplicate deliveries: how many events.
+	events int
+	// network: the added latency and the share of connections cut.
+	latency     time.Duration
+	cutPermille int64
+}
+
+// next draws the next fault of the schedule. It reads nothing of the
+// stack: the same seed draws the same schedule, whatever the run did.
+func (sc *scheduler) next() draw {
+	d := draw{wait: sc.dur(500*time.Millisecond, 3*time.Second), kind: sc.pick()}
+	switch d.kind {
+	case "kill -9 part":
+		d.part = sc.rng.IntN(sc.parts)
+		d.back = sc.dur(300*time.Millisecond, 3*time.Second)
+	case "nats node stop":
+		d.node = sc.rng.IntN(sc.nodes)
+		d.leader = sc.rng.IntN(2) == 0
+		d.hard = sc.rng.IntN(2) == 0
+		d.back = sc.dur(2*time.Second, 8*time.Second)
+	case "provider faults":
+		d.back = sc.dur(2*time.Second, 8*time.Second)
+	case "duplicate deliveries":
+		d.events = 5 + sc.rng.IntN(30)
+	case "network":
+		d.latency = sc.dur(0, 300*time.Millisecond)
+		d.cutPermille = int64(sc.rng.IntN(200))
+	}
+	return d
+}
+
 // run injects faults until ctx ends, then waits for the pending restarts.
 func (sc *scheduler) run(ctx context.Context) {
 	for {
-		wait := sc.dur(500*time.Millisecond, 3*time.Second)
+		d := sc.next()
 		select {
 		case <-ctx.Done():
 			sc.wg.Wait()
 			return
-		case <-time.After(wait):
+		case <-time.After(d.wait):
 		}
-		sc.inject(ctx, sc.pick())
+		sc.inject(ctx, d)
 	}
 }
 
@@ -185,16 +236,15 @@ const restartFailed = "restart failed"
 // maxRestarts bounds the tries of one restart.
 const maxRestarts = 10
 
-func (sc *scheduler) inject(ctx context.Context, kind string) {
+// inject injects the drawn fault d, or logs why it did not (notInjected).
+// It draws nothing: every random value is d's.
+func (sc *scheduler) inject(ctx context.Context, d draw) {
 	s := sc.s
 	bg := context.WithoutCancel(ctx)
+	kind := d.kind
 	switch kind {
 	case "kill -9 part":
-		// Every draw comes before any look at the stack's state, so the
-		// same seed draws the same values whatever the state was.
-		parts := append(append(append([]*proc{}, s.producers...), s.consumers...), s.comp, s.psp)
-		p := parts[sc.rng.IntN(len(parts))]
-		back := sc.dur(300*time.Millisecond, 3*time.Second)
+		p, back := s.parts()[d.part], d.back
 		if !p.running() {
 			s.log.add(notInjected, "%s: %s is not running", kind, p.name)
 			return
@@ -203,10 +253,7 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 		s.log.add(kind, "%s killed with SIGKILL; back in %s", p.name, back.Round(time.Millisecond))
 		sc.later(ctx, back, func() { sc.restart(bg, p) })
 	case "nats node stop":
-		i := sc.rng.IntN(len(s.nodes))
-		leader := sc.rng.IntN(2) == 0
-		hard := sc.rng.IntN(2) == 0
-		back := sc.dur(2*time.Second, 8*time.Second)
+		i, leader, hard, back := d.node, d.leader, d.hard, d.back
 		sc.mu.Lock()
 		if sc.natsDown {
 			sc.mu.Unlock()
@@ -255,7 +302,7 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 		err := s.pg.Restart(bg)
 		s.log.add(kind, "PostgreSQL restarted (%v)", err)
 	case "provider faults":
-		back := sc.dur(2*time.Second, 8*time.Second)
+		back := d.back
 		s.psp.kill()
 		s.setProvider(true)
 		err := s.psp.start(bg)
@@ -266,7 +313,7 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 			_ = s.psp.start(bg)
 		})
 	case "duplicate deliveries":
-		n := 5 + sc.rng.IntN(30)
+		n := d.events
 		tag, err := s.pool.Exec(bg, `
 			INSERT INTO outbox (msg_id, event, payload, headers, order_id)
 			SELECT msg_id || ':dup' || id, event, payload, headers, order_id FROM outbox
@@ -302,8 +349,7 @@ func (sc *scheduler) inject(ctx context.Context, kind string) {
 			s.log.add(kind, "dlq replay %d: %v %s", id, err, lastLine(out))
 		}
 	case "network":
-		lat := sc.dur(0, 300*time.Millisecond)
-		cut := int64(sc.rng.IntN(200))
+		lat, cut := d.latency, d.cutPermille
 		for _, p := range s.proxies {
 			p.latency.Store(int64(lat))
 			p.cutPermille.Store(cut)
