@@ -1,9 +1,9 @@
 // Package mcp serves orderpipe's Model Context Protocol tools, so that an AI
 // agent can place and follow orders: create_order (whose input schema
-// requires a request_id or a token, with the HTTP contract's rules),
-// new_order_token (a server-issued idempotency token, for an agent that
-// cannot keep an id across retries), get_order and wait_for_order (which
-// reports progress while it waits).
+// requires a request_id, with the HTTP contract's rules), new_order_token
+// (a server-issued idempotency token, sent as the request_id by an agent
+// that cannot keep an id of its own across retries), get_order and
+// wait_for_order (which reports progress while it waits).
 //
 // The tools call the intake's create and read service directly (not over
 // HTTP), so they apply exactly the intake's rules. A failure comes back as
@@ -120,9 +120,9 @@ func NewServer(opts Options) (*sdk.Server, error) {
 	srv := sdk.NewServer(&sdk.Implementation{Name: "orderpipe", Title: "orderpipe orders", Version: opts.Version}, &sdk.ServerOptions{
 		Instructions: "Place orders with create_order. Generate a request_id once per order and reuse it on every retry of that order: " +
 			"a retry then returns the same order instead of creating a second one. If you cannot keep an id across retries " +
-			"(you rebuild the call from scratch after a timeout), call new_order_token ONCE per order and pass its token to every " +
-			"create_order attempt of that order instead of request_id. Follow an order with wait_for_order or get_order. " +
-			"Errors carry a code and retryable: retry only when retryable is true, with the same request_id or token.",
+			"(you rebuild the call from scratch after a timeout), call new_order_token ONCE per order and send its token as the " +
+			"request_id of every create_order attempt of that order. Follow an order with wait_for_order or get_order. " +
+			"Errors carry a code and retryable: retry only when retryable is true, with the same request_id.",
 		Logger: opts.Logger,
 	})
 	tools := []struct {
@@ -132,15 +132,16 @@ func NewServer(opts Options) (*sdk.Server, error) {
 		{&sdk.Tool{
 			Name:  ToolCreateOrder,
 			Title: "Create an order",
-			Description: "Create an order, safely retryable. Give exactly one of request_id or token. request_id: generate it once for this order " +
+			Description: "Create an order, safely retryable. request_id is required: generate it once for this order " +
 				"(for example ORD + UTC time + random hex, like ORD20261202143022a3f9c1) and reuse the SAME request_id on every retry " +
 				"of this order, including after a timeout or an error whose retryable is true; never generate a new one for a retry. " +
-				"token: the token new_order_token gave you for this order; reuse the SAME token on every retry. " +
+				"If you cannot keep an id across retries, call new_order_token once for this order and send its token as request_id, " +
+				"the SAME token on every retry. " +
 				"The answer is the order in status processing (or, on a retry, the same order as it is now, with replayed true). " +
 				"The order then moves on asynchronously; follow it with wait_for_order. On error the result has isError, " +
-				"a code and retryable: retry (same request_id or token) only if retryable is true; code 104 means the first attempt " +
+				"a code and retryable: retry (same request_id) only if retryable is true; code 104 means the first attempt " +
 				"with this token is still running (retry the same call shortly); codes 208 and 209 mean the token is unknown or expired " +
-				"(get a new token with new_order_token, then create the order with it).",
+				"(get a new token with new_order_token, then create the order with it as request_id).",
 			InputSchema: createOrderSchema(),
 			Annotations: &sdk.ToolAnnotations{IdempotentHint: true, DestructiveHint: ptr(false), OpenWorldHint: ptr(false)},
 		}, s.createOrder},
@@ -148,7 +149,7 @@ func NewServer(opts Options) (*sdk.Server, error) {
 			Name:  ToolNewToken,
 			Title: "Get an idempotency token for one order",
 			Description: "Return a fresh idempotency token (and when it expires, 15 minutes by default) for ONE order you are about to create. " +
-				"Call it ONCE per order, BEFORE the first create_order attempt, remember the token, and pass it as token to create_order " +
+				"Call it ONCE per order, BEFORE the first create_order attempt, remember the token, and pass it to create_order as request_id " +
 				"on the first attempt and on EVERY retry of that order: the first attempt creates the order, every retry returns the same order. " +
 				"Never fetch a new token to retry; a new token means a new order. Use it when you cannot keep a request_id of your own.",
 			InputSchema: &jsonschema.Schema{Type: "object", AdditionalProperties: noMore()},
@@ -252,24 +253,12 @@ func (s *server) newToken(ctx context.Context, clientID uuid.UUID, _ *sdk.CallTo
 	return okResult(t), nil
 }
 
+// createOrder hands the arguments as they came to the HTTP intake's
+// decoder, which refuses a member given twice (the schema check, on
+// decoded arguments, cannot see one). A token arrives as the request_id;
+// the intake takes it for one.
 func (s *server) createOrder(ctx context.Context, clientID uuid.UUID, _ *sdk.CallToolRequest, args json.RawMessage) (*sdk.CallToolResult, error) {
-	opts := s.opts.Intake.DecodeOptions()
-	// A token stands for the request_id: the decoder takes it as the
-	// Idempotency-Key of HTTP.
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(args, &fields); err != nil {
-		return nil, invalid("arguments", "must be a JSON object")
-	}
-	if raw, ok := fields["token"]; ok {
-		var tok string
-		if err := json.Unmarshal(raw, &tok); err != nil || !idemtoken.IsToken(tok) {
-			return nil, invalid("token", "must be a token that new_order_token returned")
-		}
-		delete(fields, "token")
-		opts.HasIdempotencyKey, opts.IdempotencyKey = true, tok
-		args, _ = json.Marshal(fields)
-	}
-	req, err := order.DecodeCreateRequest(args, opts)
+	req, err := order.DecodeCreateRequest(args, s.opts.Intake.DecodeOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -287,6 +276,9 @@ func (s *server) getOrder(ctx context.Context, clientID uuid.UUID, _ *sdk.CallTo
 	}
 	if err := json.Unmarshal(args, &in); err != nil {
 		return nil, invalid("arguments", err.Error())
+	}
+	if (in.OrderID == "") == (in.RequestID == "") {
+		return nil, invalid("arguments", "give exactly one of order_id and request_id")
 	}
 	var o order.Order
 	var err error

@@ -362,28 +362,75 @@ func TestStdio(t *testing.T) {
 	}
 }
 
-func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
-	t.Parallel()
-	h, cs := setupSession(t)
-	tools, err := cs.ListTools(t.Context(), nil)
+// listTools returns the tools a client lists, by name.
+func listTools(t *testing.T, cs *sdk.ClientSession) map[string]*sdk.Tool {
+	t.Helper()
+	res, err := cs.ListTools(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var create *sdk.Tool
-	for _, tl := range tools.Tools {
-		if tl.Name == mcp.ToolCreateOrder {
-			create = tl
+	tools := map[string]*sdk.Tool{}
+	for _, tl := range res.Tools {
+		tools[tl.Name] = tl
+	}
+	return tools
+}
+
+// TestNoToolSchemaHasARootCombinator: the Anthropic Messages API refuses
+// a tool whose input schema has oneOf, anyOf or allOf at its root, and
+// with it every request of an agent that lists this server's tools. Every
+// input schema is a plain object schema, and create_order requires
+// request_id (DESIGN.md). Before, create_order and get_order had a root
+// oneOf and create_order did not require request_id.
+func TestNoToolSchemaHasARootCombinator(t *testing.T) {
+	t.Parallel()
+	_, cs := setupSession(t)
+	tools := listTools(t, cs)
+	for _, name := range []string{mcp.ToolCreateOrder, mcp.ToolNewToken, mcp.ToolGetOrder, mcp.ToolWaitForOrder} {
+		if tools[name] == nil {
+			t.Errorf("no %s tool", name)
 		}
 	}
-	if create == nil {
-		t.Fatal("no create_order tool")
+	for name, tl := range tools {
+		b, _ := json.Marshal(tl.InputSchema)
+		var root map[string]json.RawMessage
+		if err := json.Unmarshal(b, &root); err != nil {
+			t.Fatalf("%s: input schema %s: %v", name, b, err)
+		}
+		for _, k := range []string{"oneOf", "anyOf", "allOf"} {
+			if _, ok := root[k]; ok {
+				t.Errorf("%s: input schema has %s at the top level: %s", name, k, b)
+			}
+		}
+		if string(root["type"]) != `"object"` {
+			t.Errorf("%s: input schema is not of type object: %s", name, b)
+		}
+	}
+	if create := tools[mcp.ToolCreateOrder]; create != nil {
+		b, _ := json.Marshal(create.InputSchema)
+		var schema struct {
+			Required []string `json:"required"`
+		}
+		if err := json.Unmarshal(b, &schema); err != nil || !slices.Contains(schema.Required, "request_id") {
+			t.Errorf("create_order does not require request_id: %s", b)
+		}
+	}
+}
+
+// TestSchemaRequiresRequestID: create_order's schema requires request_id,
+// with the HTTP contract's rule; a token from new_order_token is sent as
+// the request_id, and both descriptions say so.
+func TestSchemaRequiresRequestID(t *testing.T) {
+	t.Parallel()
+	h, cs := setupSession(t)
+	tools := listTools(t, cs)
+	create, token := tools[mcp.ToolCreateOrder], tools[mcp.ToolNewToken]
+	if create == nil || token == nil {
+		t.Fatalf("tools: %v", tools)
 	}
 	b, _ := json.Marshal(create.InputSchema)
 	var schema struct {
-		Required []string `json:"required"`
-		OneOf    []struct {
-			Required []string `json:"required"`
-		} `json:"oneOf"`
+		Required   []string `json:"required"`
 		Properties map[string]struct {
 			MinLength *int   `json:"minLength"`
 			MaxLength *int   `json:"maxLength"`
@@ -395,26 +442,34 @@ func TestSchemaRequiresRequestIDOrToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	rid := schema.Properties["request_id"]
-	if len(schema.OneOf) != 2 || !slices.Contains(schema.OneOf[0].Required, "request_id") || !slices.Contains(schema.OneOf[1].Required, "token") ||
-		schema.Properties["token"].Pattern == "" || rid.MinLength == nil || *rid.MinLength != 1 || rid.MaxLength == nil ||
-		*rid.MaxLength != 64 || rid.Pattern != order.RequestIDPattern || schema.AdditionalProperties == nil {
+	if !slices.Equal(schema.Required, []string{"request_id", "user_id", "items", "amount", "currency"}) ||
+		rid.MinLength == nil || *rid.MinLength != 1 || rid.MaxLength == nil || *rid.MaxLength != 64 || rid.Pattern != order.RequestIDPattern ||
+		schema.AdditionalProperties != false {
 		t.Fatalf("create_order schema: %s", b)
 	}
-	if !strings.Contains(create.Description, "reuse the SAME request_id on every retry") {
-		t.Fatalf("description: %s", create.Description)
+	if _, ok := schema.Properties["token"]; ok {
+		t.Fatalf("create_order schema has a token member beside request_id: %s", b)
+	}
+	if !idemtoken.Valid("opt1."+strings.Repeat("a", 48)) || order.ValidateRequestID("opt1."+strings.Repeat("a", 48)) != nil {
+		t.Fatal("a token is not a valid request_id")
+	}
+	if !strings.Contains(create.Description, "reuse the SAME request_id on every retry") ||
+		!strings.Contains(create.Description, "new_order_token") || !strings.Contains(token.Description, "as request_id") {
+		t.Fatalf("descriptions:\n%s\n%s", create.Description, token.Description)
 	}
 
-	// Without request_id or token (or with an empty one, or with both) the
-	// call is refused by the schema, with the invalid-input code, and
-	// nothing is created.
+	// Without request_id (or with an empty one, or with the token in a
+	// member of its own) the call is refused by the schema, with the
+	// invalid-input code, and nothing is created.
 	noID := createArgs("x")
 	delete(noID, "request_id")
-	both := createArgs("x")
-	both["token"] = "opt1." + strings.Repeat("0", 48)
-	for _, args := range []map[string]any{noID, createArgs(""), both} {
+	tokenMember := createArgs("x")
+	delete(tokenMember, "request_id")
+	tokenMember["token"] = "opt1." + strings.Repeat("0", 48)
+	for _, args := range []map[string]any{noID, createArgs(""), tokenMember} {
 		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
 		if !r.isError || r.problem.Code != 201 || r.problem.Retryable {
-			t.Fatalf("create without one request_id or token: %s", r.raw)
+			t.Fatalf("create without a request_id: %s", r.raw)
 		}
 	}
 	h.wantOrders(0)
@@ -463,17 +518,8 @@ func TestMalformedArguments(t *testing.T) {
 		"callback ftp":             with("callback_url", "ftp://shop.example/h"),
 		"callback not a URL":       with("callback_url", "shop"),
 		"unknown field":            with("coupon", "FREE"),
-		"token and request_id":     with("token", "opt1."+strings.Repeat("a", 48)),
+		"token beside request_id":  with("token", "opt1."+strings.Repeat("a", 48)),
 	}
-	tokenArgs := func(tok any) map[string]any {
-		a := createArgs("x")
-		delete(a, "request_id")
-		a["token"] = tok
-		return a
-	}
-	cases["token bad shape"] = tokenArgs("opt1.xyz")
-	cases["token not a string"] = tokenArgs(7)
-	cases["token a request_id"] = tokenArgs("ORD1")
 	for name, args := range cases {
 		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
 		if !r.isError || r.problem.Code != 201 || r.problem.Retryable {
@@ -544,9 +590,7 @@ func TestCreateWithToken(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.raw), &tok); r.isError || err != nil || tok.Token == "" || tok.ExpiresAt.IsZero() {
 		t.Fatalf("new_order_token: %s (%v)", r.raw, err)
 	}
-	args := createArgs("x")
-	delete(args, "request_id")
-	args["token"] = tok.Token
+	args := createArgs(tok.Token)
 	var ids []string
 	for i := range 3 {
 		r := call(t, cs, mcp.ToolCreateOrder, args, nil)
@@ -559,9 +603,12 @@ func TestCreateWithToken(t *testing.T) {
 	if ids[0] != ids[1] || ids[1] != ids[2] {
 		t.Fatalf("order ids %v", ids)
 	}
-	args["token"] = "opt1." + strings.Repeat("5", 48)
-	if r := call(t, cs, mcp.ToolCreateOrder, args, nil); !r.isError || r.problem.Code != 208 || r.problem.Retryable {
-		t.Fatalf("unknown token: %s", r.raw)
+	// An unknown token, and a request_id that only looks like one, are
+	// answered as over HTTP: code 208.
+	for _, unknown := range []string{"opt1." + strings.Repeat("5", 48), "opt1.xyz"} {
+		if r := call(t, cs, mcp.ToolCreateOrder, createArgs(unknown), nil); !r.isError || r.problem.Code != 208 || r.problem.Retryable {
+			t.Fatalf("unknown token %s: %s", unknown, r.raw)
+		}
 	}
 	h.wantOrders(1)
 }

@@ -37,26 +37,25 @@ func orderIDSchema() *jsonschema.Schema {
 
 // createOrderSchema states every rule of POST /v1/orders that a JSON
 // schema can state; the same decoder as HTTP then checks the rest (an
-// active ISO 4217 code, a repeated SKU, decimals of the currency).
+// active ISO 4217 code, a repeated SKU, decimals of the currency, a member
+// given twice). request_id is required: a token from new_order_token is a
+// request_id (it has the form), and the intake takes any request_id of
+// that form for a token, as over HTTP. The root holds no oneOf, anyOf or
+// allOf, which the Anthropic Messages API refuses in a tool's input
+// schema.
 func createOrderSchema() *jsonschema.Schema {
 	return &jsonschema.Schema{
 		Type:                 "object",
-		Required:             []string{"user_id", "items", "amount", "currency"},
+		Required:             []string{"request_id", "user_id", "items", "amount", "currency"},
 		AdditionalProperties: noMore(),
-		PropertyOrder:        []string{"request_id", "token", "user_id", "items", "amount", "currency", "callback_url"},
-		OneOf: []*jsonschema.Schema{
-			{Required: []string{"request_id"}, Not: &jsonschema.Schema{Required: []string{"token"}}},
-			{Required: []string{"token"}, Not: &jsonschema.Schema{Required: []string{"request_id"}}},
-		},
+		PropertyOrder:        []string{"request_id", "user_id", "items", "amount", "currency", "callback_url"},
 		Properties: map[string]*jsonschema.Schema{
-			"token": {
-				Type: "string", Pattern: `^opt1\.[0-9a-f]{48}$`,
-				Description: "In place of request_id: the token that new_order_token returned for THIS order. " +
-					"Send the SAME token on every retry of this order; never fetch a new one to retry.",
-			},
 			"request_id": requestIDSchema("Your idempotency key for this order: 1-64 characters of A-Z a-z 0-9 . _ : -. " +
 				"Generate it ONCE per order (e.g. ORD + UTC time + random hex) and send the SAME value on every retry of this order, " +
-				"so a retry after a timeout returns the same order instead of creating a second one."),
+				"so a retry after a timeout returns the same order instead of creating a second one. " +
+				"If you cannot keep an id of your own across retries, send as request_id the token that new_order_token returned " +
+				"for THIS order (opt1. followed by 48 hex digits), the same token on every retry; never fetch a new one to retry. " +
+				"A request_id that starts with opt1. is always taken for such a token."),
 			"user_id": {Type: "integer", Minimum: ptr(1.0), Maximum: ptr(9223372036854775807.0), Description: "The shop's customer id (a positive integer)."},
 			"items": {
 				Type: "array", MinItems: ptr(1), MaxItems: ptr(order.MaxItems),
@@ -88,17 +87,20 @@ func createOrderSchema() *jsonschema.Schema {
 	}
 }
 
+// getOrderSchema takes exactly one of order_id and request_id. It says so
+// without a root oneOf (which the Anthropic Messages API refuses): with
+// no other member allowed, one member at least and at most is one of the
+// two.
 func getOrderSchema() *jsonschema.Schema {
 	return &jsonschema.Schema{
 		Type:                 "object",
 		AdditionalProperties: noMore(),
+		MinProperties:        ptr(1),
+		MaxProperties:        ptr(1),
+		Description:          "Exactly one of order_id and request_id.",
 		Properties: map[string]*jsonschema.Schema{
 			"order_id":   orderIDSchema(),
-			"request_id": requestIDSchema("The request_id the order was created with (instead of order_id)."),
-		},
-		OneOf: []*jsonschema.Schema{
-			{Required: []string{"order_id"}, Not: &jsonschema.Schema{Required: []string{"request_id"}}},
-			{Required: []string{"request_id"}, Not: &jsonschema.Schema{Required: []string{"order_id"}}},
+			"request_id": requestIDSchema("The request_id the order was created with (or the token, if you sent one as request_id); give it instead of order_id, not with it."),
 		},
 	}
 }
