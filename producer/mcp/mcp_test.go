@@ -613,6 +613,38 @@ func TestCreateWithToken(t *testing.T) {
 	h.wantOrders(1)
 }
 
+// TestDuplicateMembersAreRefused: create_order refuses arguments that
+// give a member twice, as POST /v1/orders does, whichever way the
+// idempotency key comes; nothing is created. Before, arguments with a
+// token member were decoded into a map (the last duplicate won) and
+// encoded again, so {"token":T,"amount":"1.00","amount":"9.99",...}
+// created an order for 9.99.
+func TestDuplicateMembersAreRefused(t *testing.T) {
+	t.Parallel()
+	h, cs := setupSession(t)
+	tok := call(t, cs, mcp.ToolNewToken, map[string]any{}, nil)
+	var issued idemtoken.Token
+	if err := json.Unmarshal([]byte(tok.raw), &issued); tok.isError || err != nil {
+		t.Fatalf("new_order_token: %s (%v)", tok.raw, err)
+	}
+	rest := `"user_id":42,"items":[{"sku":"SKU-1","quantity":2}],"currency":"CNY"`
+	for name, args := range map[string]string{
+		"request_id":      `{"request_id":"` + order.NewRequestID(time.Now()) + `","amount":"1.00","amount":"9.99",` + rest + `}`,
+		"token as key":    `{"request_id":"` + issued.Token + `","amount":"1.00","amount":"9.99",` + rest + `}`,
+		"token member":    `{"token":"` + issued.Token + `","amount":"1.00","amount":"9.99",` + rest + `}`,
+		"twice the key":   `{"request_id":"a1","request_id":"a2","amount":"1.00",` + rest + `}`,
+		"in an item line": `{"request_id":"` + order.NewRequestID(time.Now()) + `","amount":"1.00","user_id":42,"items":[{"sku":"SKU-1","quantity":1,"quantity":9}],"currency":"CNY"}`,
+	} {
+		r := call(t, cs, mcp.ToolCreateOrder, json.RawMessage(args), nil)
+		// The token member is refused by the schema (no such member);
+		// every other case names the member given twice.
+		if !r.isError || r.problem.Code != 201 || r.problem.Retryable || (name != "token member" && !strings.Contains(r.raw, "twice")) {
+			t.Errorf("%s: %s, want code 201", name, r.raw)
+		}
+	}
+	h.wantOrders(0)
+}
+
 func TestErrorsCarryTheHTTPCodes(t *testing.T) {
 	t.Parallel()
 	h, cs := setupSession(t)
