@@ -2,6 +2,8 @@ package producer_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -141,6 +143,38 @@ func TestMCPBodyIsLimitedLikeTheIntake(t *testing.T) {
 			t.Errorf("chunked=%v: %d, want 413", chunked, resp.StatusCode)
 		}
 	}
+}
+
+// TestMCPBatchIsRefused: a JSON-RPC batch on /mcp is refused as a whole
+// (400, a JSON-RPC error) and runs nothing. The rate limit and the bounds
+// on streams count HTTP requests, so a batch of 50 tools/call messages ran
+// 50 creates at once for one token and one slot; before, the batch below
+// created 10 orders within a rate of one request a second.
+func TestMCPBatchIsRefused(t *testing.T) {
+	t.Parallel()
+	h := runIntake(t, producer.Options{RateLimit: 1, RateBurst: 1})
+	msgs := make([]string, 10)
+	for i := range msgs {
+		msgs[i] = fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":%s}}`,
+			i+1, orderBody(fmt.Sprintf("batched-%d", i)))
+	}
+	// No MCP-Protocol-Version header: taken for 2025-03-26, whose
+	// transport allowed batches.
+	r := h.do(http.MethodPost, mcp.Path, "["+strings.Join(msgs, ",")+"]", "Accept", "application/json, text/event-stream")
+	var rpc struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if r.status != http.StatusBadRequest || r.header.Get("Content-Type") != "application/json" ||
+		json.Unmarshal(r.body, &rpc) != nil || rpc.JSONRPC != "2.0" || string(rpc.ID) != "null" || rpc.Error.Code != -32600 ||
+		!strings.Contains(rpc.Error.Message, "batch") {
+		t.Errorf("batch of 10 create_order calls: %d %s %s, want 400 and a JSON-RPC error", r.status, r.header.Get("Content-Type"), r.body)
+	}
+	h.wantCount(0, `SELECT count(*) FROM orders`)
 }
 
 // TestUnknownKeysAreLimitedBeforeTheDatabase: past its budget of unknown

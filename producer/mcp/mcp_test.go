@@ -686,6 +686,51 @@ func TestErrorsCarryTheHTTPCodes(t *testing.T) {
 	}
 }
 
+// TestBatchesAreRefused: /mcp refuses a JSON-RPC batch of any size,
+// after white space too, with 400 and a JSON-RPC error, and runs none of
+// its messages; white space before it counts against the body limit (413)
+// and a single message is served as before.
+func TestBatchesAreRefused(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	_, srv := h.overHTTP(newProgress())
+	post := func(body io.Reader) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+mcp.Path, body)
+		req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	msg := func(id int) string {
+		args, _ := json.Marshal(createArgs(order.NewRequestID(time.Now())))
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":%s}}`, id, args)
+	}
+	for name, body := range map[string]string{
+		"one message":      "[" + msg(1) + "]",
+		"after whitespace": " \r\n\t [" + msg(1) + "," + msg(2) + "]",
+	} {
+		st, b := post(strings.NewReader(body))
+		if st != http.StatusBadRequest || !strings.Contains(b, `"code":-32600`) || !strings.Contains(b, `"id":null`) {
+			t.Errorf("batch, %s: %d %s", name, st, b)
+		}
+	}
+	// Chunked, so that only the reader's limit applies.
+	if st, b := post(io.MultiReader(strings.NewReader(strings.Repeat(" ", mcp.MaxBodyBytes+1) + "[" + msg(1) + "]"))); st != http.StatusRequestEntityTooLarge {
+		t.Errorf("white space past the limit: %d %s", st, b)
+	}
+	h.wantOrders(0)
+	if st, b := post(strings.NewReader(" " + msg(1))); st != http.StatusOK || !strings.Contains(b, `"status":"processing"`) {
+		t.Errorf("one message: %d %s", st, b)
+	}
+	h.wantOrders(1)
+}
+
 func TestHTTPRequiresTheAPIKey(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
