@@ -55,8 +55,9 @@ func Command() cli.Command {
 // the relay and the stream's listener.
 func Run(ctx context.Context, env *app.Env, l net.Listener, opts Options) error {
 	svc := NewService(env, opts)
-	// The stream's listener ends with ctx, so open streams end at once on
-	// SIGTERM instead of holding the drain.
+	// The stream's listener ends with ctx, so open streams end, and a
+	// wait_for_order in progress answers (timed_out), at once on SIGTERM
+	// instead of holding the drain.
 	xctx, stopExtra := context.WithCancel(ctx)
 	extra, waitExtra, err := mcp.Routes(xctx, env, svc, ClientID)
 	if err != nil {

@@ -2,15 +2,21 @@ package producer_test
 
 import (
 	"context"
+	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"orderpipe/producer"
 	"orderpipe/producer/client"
+	"orderpipe/producer/mcp"
 	"orderpipe/shared/config"
+	"orderpipe/shared/order"
 	"orderpipe/shared/tooling/testenv"
 )
 
@@ -109,6 +115,101 @@ func TestStart(t *testing.T) {
 	}
 	if el := time.Since(t0); el > 4*time.Second {
 		t.Fatalf("stopping with an open stream took %s", el)
+	}
+}
+
+// bearerTransport sends every request with an API key.
+type bearerTransport struct {
+	key  string
+	next http.RoundTripper
+}
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.key)
+	return b.next.RoundTrip(r)
+}
+
+// TestStopAnswersAWaitForOrder: stopping the producer answers a
+// wait_for_order in progress at once, as its wait had timed out (the order
+// as it is, timed_out true: the agent calls again, on another replica),
+// and the drain does not wait for it. Before, the call waited for its own
+// timeout (60 s here), the drain (20 s) ran out and cut it off: the agent
+// saw a dropped connection.
+func TestStopAnswersAWaitForOrder(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	n := testenv.NATS(t)
+	env := testenv.Env(t, db, n)
+	env.Config.ShutdownTimeout = config.DefaultShutdownTimeout
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	var runErr error
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		runErr = producer.Run(ctx, env, l, producer.Options{})
+	}()
+	t.Cleanup(func() { cancel(); <-stopped })
+	h := &harness{t: t, env: env, pool: db.Pool, js: n.JS, topo: n.Topology, srv: &httptest.Server{URL: "http://" + l.Addr().String()}}
+	h.creds = h.newClient("agent")
+	r := h.post(orderBody("waited-for"))
+	if r.status != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", r.status, r.body)
+	}
+	orderID := r.json(t)["order_id"].(string) // no consumer runs: it stays processing
+
+	progressed := make(chan struct{}, 1)
+	cl := sdk.NewClient(&sdk.Implementation{Name: "test-agent", Version: "1"}, &sdk.ClientOptions{
+		ProgressNotificationHandler: func(context.Context, *sdk.ProgressNotificationClientRequest) {
+			select {
+			case progressed <- struct{}{}:
+			default:
+			}
+		},
+	})
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	// The session outlives the server: not t.Context(), which ends first.
+	cs, err := cl.Connect(context.Background(), &sdk.StreamableClientTransport{
+		Endpoint: h.srv.URL + mcp.Path, HTTPClient: &http.Client{Transport: bearerTransport{key: h.creds.APIKey, next: tr}},
+		MaxRetries: -1, DisableStandaloneSSE: true,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	type answer struct {
+		res *sdk.CallToolResult
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		params := &sdk.CallToolParams{Name: mcp.ToolWaitForOrder, Arguments: map[string]any{"order_id": orderID, "timeout_seconds": 60}}
+		params.SetProgressToken("wait")
+		cctx, ccancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer ccancel()
+		res, err := cs.CallTool(cctx, params)
+		answered <- answer{res, err}
+	}()
+	testenv.Receive(t, progressed, 20*time.Second, "wait_for_order to report progress")
+
+	cancel()
+	testenv.Receive(t, stopped, 5*time.Second, "the producer to stop with a wait_for_order in progress")
+	if runErr != nil {
+		t.Fatalf("Run: %v", runErr)
+	}
+	a := testenv.Receive(t, answered, 5*time.Second, "the answer to wait_for_order")
+	if a.err != nil || a.res == nil || a.res.IsError {
+		t.Fatalf("wait_for_order at shutdown: %+v %v", a.res, a.err)
+	}
+	b, _ := json.Marshal(a.res.StructuredContent)
+	var res mcp.OrderResult
+	if err := json.Unmarshal(b, &res); err != nil || !res.TimedOut || res.Terminal || res.Order.ID.String() != orderID || res.Order.Status != order.StatusProcessing {
+		t.Fatalf("wait_for_order at shutdown: %s (%v), want the order as it is with timed_out", b, err)
 	}
 }
 

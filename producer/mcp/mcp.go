@@ -51,7 +51,13 @@ type Intake interface {
 // (orderstream.Hub implements it). Optional: without it wait_for_order
 // polls.
 type Waker interface {
+	// Subscribe returns a channel that receives a value when a change of
+	// the order may have committed, and its cancel.
 	Subscribe(orderID uuid.UUID) (<-chan struct{}, func())
+	// Done is closed when the waker stops: the process is shutting down.
+	// A wait_for_order in progress then answers at once, as if its time
+	// were up, so that it does not hold the drain.
+	Done() <-chan struct{}
 }
 
 // ClientFunc returns the authenticated client of a tool call.
@@ -61,7 +67,7 @@ type ClientFunc func(ctx context.Context, req *sdk.CallToolRequest) (uuid.UUID, 
 type Options struct {
 	Intake Intake
 	// Waker, when set, wakes wait_for_order on a change instead of at its
-	// next poll.
+	// next poll, and answers it at once when the waker stops (shutdown).
 	Waker Waker
 	// Client identifies the caller of a tool call.
 	Client ClientFunc
@@ -167,7 +173,7 @@ func NewServer(opts Options) (*sdk.Server, error) {
 			Title: "Wait for an order's final state",
 			Description: "Wait until the order reaches a final state (confirmed, rejected or cancelled) or timeout_seconds pass, " +
 				"sending progress notifications meanwhile; returns the order with terminal true, or as it is with timed_out true " +
-				"(then call again to keep waiting).",
+				"(then call again to keep waiting; a server that shuts down answers so at once).",
 			InputSchema: waitSchema(),
 			Annotations: &sdk.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 		}, s.waitForOrder},
@@ -313,11 +319,12 @@ func (s *server) waitForOrder(ctx context.Context, clientID uuid.UUID, req *sdk.
 	start := time.Now()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	var wake <-chan struct{}
+	var wake, stopping <-chan struct{}
 	if s.opts.Waker != nil {
 		var cancel func()
 		wake, cancel = s.opts.Waker.Subscribe(id)
 		defer cancel()
+		stopping = s.opts.Waker.Done()
 	}
 	poll := time.NewTicker(s.opts.Poll)
 	defer poll.Stop()
@@ -348,13 +355,23 @@ func (s *server) waitForOrder(ctx context.Context, clientID uuid.UUID, req *sdk.
 		case <-ctx.Done():
 			return nil, problem.New(problem.Unavailable, "the wait was cancelled; call wait_for_order again")
 		case <-deadline.C:
-			o, err := s.opts.Intake.Get(ctx, clientID, id)
-			if err != nil {
-				return nil, err
-			}
-			return okResult(OrderResult{Order: o, Terminal: o.Status.Terminal(), TimedOut: !o.Status.Terminal()}), nil
+			return s.waitEnded(ctx, clientID, id)
+		case <-stopping:
+			// The process is shutting down: the agent calls again (on
+			// another replica) as after a timeout.
+			return s.waitEnded(ctx, clientID, id)
 		case <-wake:
 		case <-poll.C:
 		}
 	}
+}
+
+// waitEnded is wait_for_order's answer when its time is up (or the
+// process stops): the order as it is now, timed_out unless it is final.
+func (s *server) waitEnded(ctx context.Context, clientID, id uuid.UUID) (*sdk.CallToolResult, error) {
+	o, err := s.opts.Intake.Get(ctx, clientID, id)
+	if err != nil {
+		return nil, err
+	}
+	return okResult(OrderResult{Order: o, Terminal: o.Status.Terminal(), TimedOut: !o.Status.Terminal()}), nil
 }
