@@ -258,14 +258,16 @@ func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 		if !permanent {
 			reason = fmt.Sprintf("retries exhausted after %d deliveries: %s", delivered, reason)
 		}
-		id, dlErr := putDeadLetter(context.WithoutCancel(msg.Context()), p.env.Pool, name, msg, reason, delivered)
+		id, fresh, dlErr := putDeadLetter(context.WithoutCancel(msg.Context()), p.env.Pool, name, msg, reason, delivered)
 		if dlErr != nil {
 			Logger(msg.Context()).ErrorContext(msg.Context(), "dead-letter the message; it will be delivered again", slog.Any("error", dlErr), slog.Any("cause", err),
 				slog.Duration("in", p.cfg.Delay(delivered)))
 			return nil, errors.Join(err, dlErr)
 		}
 		metrics.HandlerMessages.WithLabelValues(name, metrics.HandlerDeadLettered).Inc()
-		metrics.DeadLetters.WithLabelValues(name).Inc()
+		if fresh { // not a redelivery after a lost ack: a message given up on once
+			metrics.DeadLetters.WithLabelValues(name).Inc()
+		}
 		trace.SpanFromContext(msg.Context()).SetStatus(codes.Error, "dead-lettered")
 		Logger(msg.Context()).ErrorContext(msg.Context(), "message dead-lettered; the order is left to the compensator",
 			slog.Int64("dead_letter_id", id), slog.Bool("permanent", permanent), slog.Any("error", err))

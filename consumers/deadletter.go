@@ -50,8 +50,8 @@ func storable(s string) string {
 // is about to be acked for good. Its payload is kept exactly; its id,
 // subject and headers as storable makes them. The same copy of a message
 // (consumer, message id, stream sequence) is stored once: a redelivery after
-// a lost ack gets the id of its first dead letter.
-func putDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer string, msg *message.Message, reason string, attempts int) (int64, error) {
+// a lost ack gets the id of its first dead letter, and fresh false.
+func putDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer string, msg *message.Message, reason string, attempts int) (id int64, fresh bool, err error) {
 	headers := map[string]string{}
 	for k, v := range msg.Metadata {
 		if k != "" && k[0] != '_' {
@@ -67,25 +67,23 @@ func putDeadLetter(ctx context.Context, pool *pgxpool.Pool, consumer string, msg
 	if n, err := strconv.ParseInt(msg.Metadata.Get(metaStreamSeq), 10, 64); err == nil && n > 0 {
 		seq = &n
 	}
-	var id int64
-	var err error
 	for i, pause := 0, 100*time.Millisecond; i < 4; i, pause = i+1, pause*3 {
 		err = pool.QueryRow(ctx, `
 			INSERT INTO dead_letters (consumer, message_id, subject, payload, headers, error, attempts, order_id, stream_seq)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 			ON CONFLICT (consumer, message_id, stream_seq) DO UPDATE SET attempts = dead_letters.attempts
-			RETURNING id`,
-			consumer, storable(msg.UUID), storable(msg.Metadata.Get(metaSubject)), []byte(msg.Payload), hb, storable(reason), attempts, orderID, seq).Scan(&id)
+			RETURNING id, xmax = 0`,
+			consumer, storable(msg.UUID), storable(msg.Metadata.Get(metaSubject)), []byte(msg.Payload), hb, storable(reason), attempts, orderID, seq).Scan(&id, &fresh)
 		if err == nil {
-			return id, nil
+			return id, fresh, nil
 		}
 		select {
 		case <-ctx.Done():
-			return 0, err
+			return 0, false, err
 		case <-time.After(pause):
 		}
 	}
-	return 0, fmt.Errorf("store dead letter of %s: %w", msg.UUID, err)
+	return 0, false, fmt.Errorf("store dead letter of %s: %w", msg.UUID, err)
 }
 
 const dlColumns = `id, consumer, message_id, subject, payload, headers, error, attempts, order_id, created_at, replayed_at, replays`

@@ -383,20 +383,20 @@ func TestDeadLetterOutlivesAPostgresOutage(t *testing.T) {
 func TestADeadLetterIsStoredOncePerCopy(t *testing.T) {
 	t.Parallel()
 	e := pipetest.New(t, pspserver.Options{})
-	first, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 7, []byte("x"))
-	if err != nil {
-		t.Fatal(err)
+	first, fresh, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 7, []byte("x"))
+	if err != nil || !fresh {
+		t.Fatalf("first store: %v (new: %v)", err, fresh)
 	}
-	again, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 7, []byte("x"))
-	if err != nil || again != first {
-		t.Fatalf("the same copy stored again: dead letter %d (%v), want %d", again, err, first)
+	again, fresh, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 7, []byte("x"))
+	if err != nil || again != first || fresh {
+		t.Fatalf("the same copy stored again: dead letter %d (%v, new: %v), want %d, not new", again, err, fresh, first)
 	}
-	other, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 9, []byte("x"))
-	if err != nil || other == first {
-		t.Fatalf("another copy: dead letter %d (%v), want a new one", other, err)
+	other, fresh, err := consumers.PutDeadLetter(t.Context(), e.App, "inventory", "m-1", 9, []byte("x"))
+	if err != nil || other == first || !fresh {
+		t.Fatalf("another copy: dead letter %d (%v, new: %v), want a new one", other, err, fresh)
 	}
-	if other2, err := consumers.PutDeadLetter(t.Context(), e.App, "payment", "m-1", 7, []byte("x")); err != nil || other2 == first || other2 == other {
-		t.Fatalf("another consumer's copy: dead letter %d (%v), want a new one", other2, err)
+	if other2, fresh, err := consumers.PutDeadLetter(t.Context(), e.App, "payment", "m-1", 7, []byte("x")); err != nil || other2 == first || other2 == other || !fresh {
+		t.Fatalf("another consumer's copy: dead letter %d (%v, new: %v), want a new one", other2, err, fresh)
 	}
 	if n := len(deadLetters(t, e)); n != 3 {
 		t.Fatalf("%d dead letters, want 3", n)

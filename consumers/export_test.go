@@ -40,8 +40,9 @@ func (c *Committer) Commit(ctx context.Context, msgID string, apply step.Apply) 
 func (c *Committer) Queued() int { return c.c.q.Len() }
 
 // PutDeadLetter stores the dead letter of a message with the given id and
-// stream sequence, as a step's last delivery does.
-func PutDeadLetter(ctx context.Context, env *app.Env, consumer, msgID string, streamSeq uint64, payload []byte) (int64, error) {
+// stream sequence, as a step's last delivery does, and says whether it was
+// new.
+func PutDeadLetter(ctx context.Context, env *app.Env, consumer, msgID string, streamSeq uint64, payload []byte) (int64, bool, error) {
 	msg := message.NewMessage(msgID, payload)
 	msg.Metadata.Set(metaSubject, env.Topology.Subject(orderevent.Accepted))
 	msg.Metadata.Set(metaStreamSeq, strconv.FormatUint(streamSeq, 10))
