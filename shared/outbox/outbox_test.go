@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/shared/natsjs"
@@ -534,5 +535,69 @@ func TestStampsFindTheirRowsThroughTheKeyAsTheOutboxGrows(t *testing.T) {
 	}
 	if n := testenv.TableReads(t, db, one, "outbox", before+after).FullScan; n >= grown {
 		t.Errorf("publishing and stamping %d rows read %d outbox rows in full scans, of %d; want each found through its key", before+after, n, grown+len(ids))
+	}
+}
+
+// enqueueMany writes n new accepted events in one committed transaction
+// and returns their message ids.
+func enqueueMany(t *testing.T, pool *pgxpool.Pool, n int) map[string]bool {
+	t.Helper()
+	entries := make([]outbox.Entry, n)
+	for i := range entries {
+		entries[i] = outbox.Entry{Event: testenv.Event(orderevent.Accepted)}
+	}
+	var rows []outbox.Row
+	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		var err error
+		rows, err = outbox.EnqueueMany(t.Context(), tx, entries)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("enqueue %d events: %v", n, err)
+	}
+	ids := make(map[string]bool, n)
+	for _, x := range rows {
+		ids[x.MsgID] = true
+	}
+	return ids
+}
+
+// TestARowTheClientRefusesDoesNotHoldBackTheRest: a row whose publish the
+// client refuses (a subject it cannot carry, a payload over the server's
+// limit) fails alone and stays pending, given back; the rows behind it are
+// published in the same pass. Only an error that says the broker is
+// unreachable ends a pass early, and no row causes one on its own.
+func TestARowTheClientRefusesDoesNotHoldBackTheRest(t *testing.T) {
+	db, env, r := newRelay(t)
+	var refused []int64
+	for _, q := range []string{
+		`INSERT INTO outbox (msg_id, event, payload) VALUES ('bad-subject', 'order accepted', '\x7b7d') RETURNING id`,
+		`INSERT INTO outbox (msg_id, event, payload) VALUES ('too-large', 'order.accepted', convert_to(repeat('x', 2 << 20), 'UTF8')) RETURNING id`,
+	} {
+		var id int64
+		if err := db.Pool.QueryRow(t.Context(), q).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		refused = append(refused, id)
+	}
+	want := enqueueMany(t, db.Pool, 3)
+
+	n, err := r.PublishPending(t.Context(), 0)
+	if n != len(want) || !errors.Is(err, nats.ErrBadSubject) || !errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, outbox.ErrBrokerUnavailable) {
+		t.Fatalf("pass over 2 refused rows and %d good ones: %d, %v; want %d and the two refusals alone", len(want), n, err, len(want))
+	}
+	for _, id := range refused {
+		if got := rowOf(t, db.Pool, id); got.published || got.claimed {
+			t.Errorf("refused row %d after the pass: %+v, want pending and unclaimed", id, got)
+		}
+	}
+	ids := msgIDs(t, env.JS, env.Topology.Stream)
+	if len(ids) != len(want) {
+		t.Errorf("stream holds msg ids %v, want the %d good rows'", ids, len(want))
+	}
+	for id := range want {
+		if ids[id] != 1 {
+			t.Errorf("msg id %s: %d message(s), want 1", id, ids[id])
+		}
 	}
 }
