@@ -360,8 +360,25 @@ const claimSQL = `
 	WHERE o.id = c.id
 	RETURNING o.id, o.order_id, o.msg_id, o.event, o.payload, o.headers`
 
+// claimGrace is how long a pass may still take to read its claim once
+// its context ended.
+const claimGrace = time.Second
+
 func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...any) (int, error) {
-	rows, err := r.Pool.Query(ctx, fmt.Sprintf(claimSQL, r.Lease.Seconds(), where), args...)
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	// A claim is read even if ctx ends meanwhile (for claimGrace): the
+	// database may have made it when the cancel came, and its rows, claimed
+	// but never read, would stay out of every relay's reach until the lease
+	// ran out (a process stopping at that moment held up to Batch events
+	// for Lease). A pass whose ctx ended gives back the rows it did not
+	// publish, as every pass does.
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(claimGrace, cancel) })
+	defer stop()
+	rows, err := r.Pool.Query(cctx, fmt.Sprintf(claimSQL, r.Lease.Seconds(), where), args...)
 	if err != nil {
 		return 0, fmt.Errorf("claim pending outbox rows: %w", err)
 	}
