@@ -218,7 +218,8 @@ type Relay struct {
 	MinAge time.Duration
 	// Batch is the most rows one pass publishes; default 500.
 	Batch int
-	// PublishTimeout bounds the wait for one batch's acks; default 5s.
+	// PublishTimeout bounds one batch's publishing, its publishes and the
+	// wait for their acks; default 5s.
 	PublishTimeout time.Duration
 	// Lease is how long a claimed row is left to this relay; default 30s.
 	Lease time.Duration
@@ -256,7 +257,9 @@ func (r *Relay) fill() {
 	}
 }
 
-// Run publishes pending rows every Interval until ctx ends.
+// Run publishes pending rows every Interval until ctx ends, and returns
+// within moments of its end: a pass stops publishing then and gives its
+// rows back.
 func (r *Relay) Run(ctx context.Context) error {
 	r.defaults()
 	t := time.NewTicker(r.Interval)
@@ -458,10 +461,20 @@ func (r *Relay) Stamp(ctx context.Context, a Acked) error {
 	return nil
 }
 
-// publishBatch publishes rows asynchronously and waits for their acks. A
-// row the broker refuses does not hold back the rows behind it; when the
-// stream is missing, Ensure provisions it and the rest waits for the next
-// pass.
+// stallWait is the longest one asynchronous publish waits for a free slot
+// while the client holds as many unacknowledged publishes as it allows
+// (nats.go's own default wait); then the publish fails with
+// jetstream.ErrTooManyStalledMsgs.
+const stallWait = 200 * time.Millisecond
+
+// publishBatch publishes rows asynchronously and waits for their acks, all
+// within PublishTimeout, and stops publishing as soon as ctx ends. A row
+// the broker or the client refuses does not hold back the rows behind it;
+// a publish that finds the broker unreachable (the client's pending
+// publishes at their limit, its reconnect buffer full, the connection
+// closed) stops the publishing, and the rows not yet sent wait for the
+// next pass. When the stream is missing, Ensure provisions it and the rest
+// waits for the next pass.
 func (r *Relay) publishBatch(ctx context.Context, batch []Row) (done, seqs, failed []int64, err error) {
 	type inflight struct {
 		x   Row
@@ -469,18 +482,42 @@ func (r *Relay) publishBatch(ctx context.Context, batch []Row) (done, seqs, fail
 	}
 	var errs []error
 	var fl []inflight
-	for _, x := range batch {
-		msg := r.message(x)
-		f, perr := r.JS.PublishMsgAsync(msg, jetstream.WithMsgID(x.MsgID))
-		if perr != nil {
-			failed = append(failed, x.ID)
-			errs = append(errs, fmt.Errorf("publish %s (%s): %w", x.MsgID, msg.Subject, perr))
-			continue
-		}
-		fl = append(fl, inflight{x, f})
-	}
+	deadline := time.Now().Add(r.PublishTimeout)
 	timer := time.NewTimer(r.PublishTimeout)
 	defer timer.Stop()
+	sent := 0
+	var stop error // why the rows after the sent ones wait for the next pass
+	for _, x := range batch {
+		wait := min(stallWait, time.Until(deadline))
+		if err := ctx.Err(); err != nil {
+			stop = err
+			break
+		}
+		if wait <= 0 {
+			stop = fmt.Errorf("%w: not sent within %s", ErrBrokerUnavailable, r.PublishTimeout)
+			break
+		}
+		sent++
+		msg := r.message(x)
+		f, perr := r.JS.PublishMsgAsync(msg, jetstream.WithMsgID(x.MsgID), jetstream.WithStallWait(wait))
+		if perr == nil {
+			fl = append(fl, inflight{x, f})
+			continue
+		}
+		failed = append(failed, x.ID)
+		if unreachable(perr) {
+			errs = append(errs, fmt.Errorf("%w: publish %s (%s): %w", ErrBrokerUnavailable, x.MsgID, msg.Subject, perr))
+			stop = ErrBrokerUnavailable
+			break
+		}
+		errs = append(errs, fmt.Errorf("publish %s (%s): %w", x.MsgID, msg.Subject, perr))
+	}
+	if rest := batch[sent:]; len(rest) > 0 {
+		for _, x := range rest {
+			failed = append(failed, x.ID)
+		}
+		errs = append(errs, fmt.Errorf("%d row(s) not published, left pending: %w", len(rest), stop))
+	}
 	missing := false
 	for i, f := range fl {
 		select {
@@ -514,6 +551,18 @@ func (r *Relay) publishBatch(ctx context.Context, batch []Row) (done, seqs, fail
 		}
 	}
 	return done, seqs, failed, errors.Join(errs...)
+}
+
+// unreachable reports whether a publish's error says that the broker
+// cannot be reached now, for any row: the client holds as many
+// unacknowledged publishes as it allows (the broker is down or does not
+// answer), its reconnect buffer is full, or the connection is closed or
+// draining. Other errors (a subject or a payload the client refuses) are
+// the row's own.
+func unreachable(err error) bool {
+	return errors.Is(err, jetstream.ErrTooManyStalledMsgs) || errors.Is(err, nats.ErrReconnectBufExceeded) ||
+		errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionDraining) ||
+		errors.Is(err, nats.ErrInvalidConnection) || errors.Is(err, nats.ErrDisconnected)
 }
 
 func (r *Relay) message(x Row) *nats.Msg {

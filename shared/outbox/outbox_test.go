@@ -601,3 +601,107 @@ func TestARowTheClientRefusesDoesNotHoldBackTheRest(t *testing.T) {
 		}
 	}
 }
+
+// TestARelayStallingOnTheBrokerStopsAtItsCancel: while NATS is down, every
+// pass put its batch into the client's reconnect buffer and left the acks
+// pending (nats.go clears them only when a connection starts reconnecting),
+// so after 8 passes of 500 rows the client held 4000 pending acks, its
+// limit. From then on every asynchronous publish waited 200 ms before it
+// failed, and the pass's loop checked neither its context nor its
+// PublishTimeout: one pass took 500 × 200 ms, and a SIGTERM found the relay
+// deaf for up to 100 s. A relay stops at its cancel, a pass within its
+// PublishTimeout, and the outage costs time, never events.
+func TestARelayStallingOnTheBrokerStopsAtItsCancel(t *testing.T) {
+	db, srv := testenv.DB(t), testenv.OwnNATS(t)
+	nc, js := testenv.Connect(t, srv.URL())
+	top := orderevent.Topology{Stream: "STALL", Prefix: "stall"}
+	if _, err := natsjs.EnsureStream(t.Context(), js, top, 1); err != nil {
+		t.Fatal(err)
+	}
+	const rows, limit = 600, 4000 // limit: nats.go's default of pending async publishes
+	want := enqueueMany(t, db.Pool, rows)
+	const lease = time.Minute
+	r := &outbox.Relay{Pool: db.Pool, JS: js, Topology: top, Logger: testenv.Logger(t),
+		MinAge: -1, Interval: 50 * time.Millisecond, PublishTimeout: 100 * time.Millisecond, Lease: lease}
+
+	srv.Stop()
+	testenv.WaitFor(t, 10*time.Second, "the client to notice the outage", func() bool { return !nc.IsConnected() })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	stopped := false
+	t.Cleanup(func() { // the relay is stopped whatever the test's outcome
+		cancel()
+		if !stopped {
+			if err := <-done; err != nil {
+				t.Errorf("relay run: %v", err)
+			}
+		}
+	})
+
+	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("%d pending async publishes", limit), func() bool { return js.PublishAsyncPending() >= limit })
+	// The pass that reached the limit claimed its rows before; wait for a
+	// pass that claimed them after, whose publishes meet the limit.
+	var reached time.Time
+	if err := db.Pool.QueryRow(t.Context(), `SELECT now()`).Scan(&reached); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "a relay pass after the limit was reached", func() bool {
+		var n int
+		err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE claimed_until - make_interval(secs => $2) > $1`, reached, lease.Seconds()).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+
+	cancel()
+	cancelled := time.Now()
+	if err := testenv.Receive(t, done, 2*time.Second, "the relay to return after its cancel"); err != nil {
+		t.Fatalf("relay run: %v", err)
+	}
+	stopped = true
+	t.Logf("the relay returned %s after its cancel", time.Since(cancelled))
+
+	// A pass against the limit ends within its PublishTimeout (and the
+	// moments of one stalled publish), leaving every row pending.
+	start := time.Now()
+	n, err := r.PublishPending(t.Context(), 0)
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("a relay pass at the limit took %s, want about its PublishTimeout %s", took, r.PublishTimeout)
+	} else {
+		t.Logf("a relay pass at the limit took %s: %v", took, err)
+	}
+	if n != 0 || !errors.Is(err, outbox.ErrBrokerUnavailable) {
+		t.Errorf("relay pass at the limit: %d, %v; want 0 and ErrBrokerUnavailable", n, err)
+	}
+	if claimed := testenv.Column[int64](t, db.Pool, `SELECT id FROM outbox WHERE claimed_until IS NOT NULL`); len(claimed) > 0 {
+		t.Errorf("%d row(s) still claimed after the relay stopped, want all given back", len(claimed))
+	}
+	wantPending(t, db.Pool, rows)
+
+	srv.Start()
+	testenv.WaitFor(t, 15*time.Second, "the client to reconnect", nc.IsConnected)
+	testenv.WaitFor(t, 30*time.Second, "the relay to publish every row", func() bool {
+		if _, err := r.PublishPending(t.Context(), 0); err != nil {
+			t.Logf("relay pass: %v", err)
+		}
+		n, err := outbox.Pending(t.Context(), db.Pool)
+		return err == nil && n == 0
+	})
+	if unsequenced := testenv.Column[int64](t, db.Pool, `SELECT id FROM outbox WHERE stream_seq IS NULL`); len(unsequenced) > 0 {
+		t.Errorf("%d row(s) stamped without a stream sequence", len(unsequenced))
+	}
+	// The copies buffered during the outage reached the broker too; its
+	// duplicate window kept one of each.
+	ids := msgIDs(t, js, top.Stream)
+	if len(ids) != rows {
+		t.Errorf("stream holds %d msg ids, want %d", len(ids), rows)
+	}
+	for id, n := range ids {
+		if !want[id] || n != 1 {
+			t.Errorf("msg id %s: %d message(s) (enqueued: %v), want 1", id, n, want[id])
+		}
+	}
+}
