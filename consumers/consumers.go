@@ -169,7 +169,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			err = errors.Join(err, cerr)
 		}
 	}
-	// A last relay pass for what the drained handlers committed.
+	// The relay stops last; rows it leaves pending wait for another
+	// process's relay or the next start (their events were published
+	// inline unless the broker was away).
 	cancelRelay()
 	if rerr := <-relayDone; rerr != nil {
 		err = errors.Join(err, rerr)
