@@ -26,6 +26,14 @@ import (
 // the consumers' processed_messages rows drop it.
 const DuplicateWindow = 2 * time.Hour
 
+// PublishAckTimeout bounds the wait for an asynchronous publish's ack: one
+// not acknowledged by then fails and frees its slot. nats.go holds at most
+// 4,000 unacknowledged publishes, and without a bound a publish that is
+// never answered (a partition the connection has not noticed yet) holds
+// its slot until a reconnect; once all are held every publish stalls. It
+// is above the outbox relay's and the intake's own bounds on a batch.
+const PublishAckTimeout = 10 * time.Second
+
 // Connect dials the NATS server(s) in url (comma-separated) with endless
 // reconnects, and returns the connection and its JetStream context. A
 // broker that is down does not stop the process: the connection keeps
@@ -50,7 +58,7 @@ func Connect(url, name string, logger *slog.Logger) (*nats.Conn, jetstream.JetSt
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to NATS: %w", err)
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(PublishAckTimeout))
 	if err != nil {
 		nc.Close()
 		return nil, nil, fmt.Errorf("open JetStream: %w", err)

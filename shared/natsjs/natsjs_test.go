@@ -224,6 +224,45 @@ func TestConnectReconnectsAndPingTellsTheBrokerIsDown(t *testing.T) {
 	}
 }
 
+// TestAnUnansweredPublishGivesBackItsSlot: an asynchronous publish whose
+// ack never comes (a partition the client has not noticed: the request
+// reaches something that does not answer) fails after PublishAckTimeout
+// and frees its slot. nats.go holds at most 4,000 unacknowledged
+// publishes; without a timeout a slot is held until a reconnect, and once
+// they are all held every publish waits and fails.
+func TestAnUnansweredPublishGivesBackItsSlot(t *testing.T) {
+	srv := testenv.OwnNATS(t)
+	nc, js, err := natsjs.Connect(srv.URL(), t.Name(), testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	// A responder that never answers: the publish is not refused at once
+	// (no responders), it waits for an ack.
+	sub, err := nc.SubscribeSync("swallow.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	f, err := js.PublishAsync("swallow.me", []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.Ok():
+		t.Fatal("acknowledged by nobody")
+	case err := <-f.Err():
+		if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+			t.Fatalf("publish failed with %v, want a timeout", err)
+		}
+	case <-time.After(natsjs.PublishAckTimeout + 10*time.Second):
+		t.Fatalf("no answer after %s: the publish holds its slot", natsjs.PublishAckTimeout+10*time.Second)
+	}
+	if n := js.PublishAsyncPending(); n != 0 {
+		t.Fatalf("%d publishes still pending after the timeout", n)
+	}
+}
+
 func TestConnectRefusesAMalformedURL(t *testing.T) {
 	for _, u := range []string{"nats://127.0.0.1:notaport", "://nohost"} {
 		nc, _, err := natsjs.Connect(u, t.Name(), testenv.Logger(t))
