@@ -152,8 +152,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	go func() { routerDone <- p.router.Run(context.WithoutCancel(ctx)) }()
 
 	var err error
+	var drainUntil time.Time // one drain timeout for the router and the consumers together
 	select {
 	case <-ctx.Done():
+		drainUntil = time.Now().Add(p.cfg.DrainTimeout)
 		err = p.router.Close()
 		if rerr := <-routerDone; rerr != nil {
 			err = errors.Join(err, rerr)
@@ -162,10 +164,14 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		if err == nil {
 			err = errors.New("router stopped")
 		}
+		drainUntil = time.Now().Add(p.cfg.DrainTimeout)
 		_ = p.router.Close()
 	}
 	for _, s := range p.subs {
-		if cerr := s.Close(); cerr != nil {
+		s.stop()
+	}
+	for _, s := range p.subs {
+		if cerr := s.closeBy(drainUntil); cerr != nil {
 			err = errors.Join(err, cerr)
 		}
 	}

@@ -2,6 +2,7 @@ package consumers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -407,5 +408,42 @@ func TestConsumersStopWhenTheirAddressIsTaken(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(out.String(), "address already in use") {
 		t.Fatalf("consumers exited with %v, want an error naming the taken address:\n%s", err, out.String())
+	}
+}
+
+// TestTheDrainIsBoundedOnce: at shutdown the pipeline waits for in-flight
+// messages for the drain timeout once, however many steps still hold one;
+// it does not wait the timeout again for each step's consumer after the
+// router's own wait.
+func TestTheDrainIsBoundedOnce(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, pspserver.Options{})
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	started := make(chan string, 8)
+	hold := func(name string) step.Step {
+		return step.Step{Name: name, Events: []orderevent.Name{orderevent.Accepted}, Handle: func(ctx context.Context, m step.Message, commit step.Commit) error {
+			started <- name
+			<-release // a handler that outlives any drain
+			return nil
+		}}
+	}
+	cfg := pipetest.Config()
+	cfg.DrainTimeout = 2 * time.Second
+	r := pipetest.Start(t, e.App, cfg, hold("hold-a"), hold("hold-b"), hold("hold-c"))
+	ev := orderevent.Event{Version: orderevent.Version, Name: orderevent.Accepted, OrderID: uuid.New(), ClientID: e.ClientID,
+		RequestID: "req-1", Status: orderevent.Accepted.Status(), OccurredAt: time.Now().UTC()}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishRaw(t, e, e.App.Topology.Subject(orderevent.Accepted), b, "")
+	for range 3 {
+		testenv.Receive(t, started, 30*time.Second, "each step to hold the message")
+	}
+	t0 := time.Now()
+	r.Stop(t)
+	if took := time.Since(t0); took > cfg.DrainTimeout+cfg.DrainTimeout/2 {
+		t.Fatalf("the drain took %s with a drain timeout of %s", took.Round(time.Millisecond), cfg.DrainTimeout)
 	}
 }

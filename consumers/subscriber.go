@@ -265,16 +265,28 @@ func (s *subscriber) handle(m jetstream.Msg, out chan<- *message.Message) {
 	}
 }
 
-// Close stops fetching and waits (up to the drain timeout) until every
-// in-flight message was settled. It does not touch the NATS connection.
+// Close stops fetching and waits up to the drain timeout for the
+// in-flight messages to be acked or nacked (watermill's router calls it).
+// It does not touch the NATS connection.
 func (s *subscriber) Close() error {
-	s.once.Do(func() { close(s.closing) })
+	return s.closeBy(time.Now().Add(s.cfg.DrainTimeout))
+}
+
+// stop stops fetching; in-flight messages go on.
+func (s *subscriber) stop() { s.once.Do(func() { close(s.closing) }) }
+
+// closeBy stops fetching and waits until deadline for the in-flight
+// messages to be acked or nacked.
+func (s *subscriber) closeBy(deadline time.Time) error {
+	s.stop()
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
 	select {
 	case <-done:
 		return nil
-	case <-time.After(s.cfg.DrainTimeout):
-		return fmt.Errorf("consumer %s: in-flight messages not settled within %s", s.cc.Durable, s.cfg.DrainTimeout)
+	case <-t.C:
+		return fmt.Errorf("consumer %s: in-flight messages not settled within the drain timeout (%s)", s.cc.Durable, s.cfg.DrainTimeout)
 	}
 }
