@@ -15,6 +15,7 @@ import (
 	"orderpipe/consumers/step"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
+	"orderpipe/shared/redelivery"
 	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
 )
@@ -109,4 +110,19 @@ func TestSlowStepKeepsItsMessage(t *testing.T) {
 		t.Fatalf("payment ran %d times, delivered up to %d times; want once", runs.Load(), maxDelivered.Load())
 	}
 	e.CheckInvariants(t)
+	// The run is in the handler latency histogram, whose buckets reach the
+	// longest a run may take (with the default buckets, everything past
+	// 10 s fell into +Inf).
+	var d dto.Metric
+	if err := metrics.HandlerDuration.WithLabelValues("payment").(prometheus.Histogram).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	h := d.GetHistogram()
+	if h.GetSampleCount() < 1 || h.GetSampleSum() < 2 {
+		t.Errorf("payment handler runs: %d observed, %.3f s in all; want the 2 s run", h.GetSampleCount(), h.GetSampleSum())
+	}
+	buckets := h.GetBucket()
+	if top, bound := buckets[len(buckets)-1].GetUpperBound(), redelivery.Default().MaxProcessing.Seconds(); top < bound {
+		t.Errorf("handler latency buckets end at %v s, short of a run's bound of %v s", top, bound)
+	}
 }

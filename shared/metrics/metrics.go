@@ -30,6 +30,11 @@ const (
 
 var stageBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
 
+// handlerBuckets reach the 2 minutes that bound one handler run
+// (redelivery.Policy.MaxProcessing): a payment step waiting on a slow
+// provider takes that long, far past the default buckets' 10 s.
+var handlerBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+
 var (
 	// IntakeRequests counts order-create requests by outcome. Its ratio
 	// replayed / (created + replayed) is the duplicate request rate.
@@ -58,7 +63,7 @@ var (
 	HandlerMessages = counterVec("orderpipe_handler_messages_total", "Messages handled per consumer handler, by outcome: processed, duplicate, retried, dead_lettered.", "handler", "outcome")
 
 	// HandlerDuration is the latency of one handler run.
-	HandlerDuration = histogramVec("orderpipe_handler_duration_seconds", prometheus.DefBuckets, "Latency of one consumer handler run.", "handler")
+	HandlerDuration = histogramVec("orderpipe_handler_duration_seconds", handlerBuckets, "Latency of one consumer handler run.", "handler")
 
 	// StepBatchSize is how many messages one transaction of a step's
 	// group commit carried.
