@@ -81,14 +81,14 @@ var (
 	StuckOrders = gaugeVec("orderpipe_stuck_orders", "Non-terminal orders past their state's deadline, by status, at the compensator's last pass.", "status")
 
 	// OldestOpenOrderAge is the age of the oldest non-terminal order.
-	OldestOpenOrderAge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "orderpipe_oldest_open_order_age_seconds", Help: "Age of the oldest non-terminal order at the compensator's last pass (0 when none)."})
+	OldestOpenOrderAge = lazyGauge("orderpipe_oldest_open_order_age_seconds", "Age of the oldest non-terminal order at the compensator's last pass (0 when none).")
 
 	// CompensatorActions counts what the compensator did.
 	CompensatorActions = counterVec("orderpipe_compensator_actions_total", "Compensator actions by kind: redrive, unwind, refund, renotify, heal, skip.", "action")
 
 	// CompensatorBrokerUp is 1 when the compensator's last pass reached the
 	// broker, 0 when it could not (and so re-drove and unwound nothing).
-	CompensatorBrokerUp = prometheus.NewGauge(prometheus.GaugeOpts{Name: "orderpipe_compensator_broker_up", Help: "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing."})
+	CompensatorBrokerUp = lazyGauge("orderpipe_compensator_broker_up", "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing.")
 
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
 	WebhookDeliveries = counterVec("orderpipe_webhook_deliveries_total", "Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).", "outcome")
@@ -122,6 +122,28 @@ func histogramVec(name string, buckets []float64, help string, labels ...string)
 func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
 	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
 }
+
+func lazyGauge(name, help string) *LazyGauge {
+	return &LazyGauge{vec: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, nil)}
+}
+
+// LazyGauge is a gauge that a process exports only once it has set it.
+// Every process registers every collector (app.NewRegistry), and a plain
+// gauge is exported at 0 by all of them: a producer would export
+// orderpipe_oldest_open_order_age_seconds 0 forever, which hides a dead
+// compensator from max() and fires an "== 0" rule. A value that only the
+// compensator measures is therefore a LazyGauge: absent from the other
+// processes' /metrics, and from a compensator's until its first pass.
+type LazyGauge struct{ vec *prometheus.GaugeVec }
+
+// Set sets the gauge; the process exports it from then on.
+func (g *LazyGauge) Set(v float64) { g.vec.WithLabelValues().Set(v) }
+
+// Describe implements prometheus.Collector.
+func (g *LazyGauge) Describe(ch chan<- *prometheus.Desc) { g.vec.Describe(ch) }
+
+// Collect implements prometheus.Collector: nothing until Set was called.
+func (g *LazyGauge) Collect(ch chan<- prometheus.Metric) { g.vec.Collect(ch) }
 
 // Collectors returns every orderpipe collector.
 func Collectors() []prometheus.Collector {
