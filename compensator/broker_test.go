@@ -78,8 +78,10 @@ func TestBrokerDownCostsTimeNotOrders(t *testing.T) { // not parallel: it reads 
 	c := w.comp(w.cfg(3), w.psp)
 
 	srv.Stop()
+	brokerFailures := phaseFailures("broker")
 	for i := range 6 { // twice the re-drive budget
 		w.age(ids...)
+		before := time.Now().Add(-time.Millisecond)
 		res, err := c.RunOnce(t.Context())
 		if !errors.Is(err, compensator.ErrBrokerUnavailable) || !res.BrokerUnavailable {
 			t.Fatalf("pass %d with the broker down: %+v, %v; want broker unavailable", i, res, err)
@@ -89,6 +91,14 @@ func TestBrokerDownCostsTimeNotOrders(t *testing.T) { // not parallel: it reads 
 		}
 		if g := testutil.ToFloat64(metrics.CompensatorBrokerUp); g != 0 {
 			t.Fatalf("orderpipe_compensator_broker_up = %v with the broker down", g)
+		}
+		// The pass did all it could: it counts as completed (the broker
+		// has its own alert), and its broker phase as failed.
+		if got := lastSuccess(); got.Before(before) {
+			t.Fatalf("pass %d with the broker down did not count as completed: last at %s", i, got)
+		}
+		if got := phaseFailures("broker") - brokerFailures; got != float64(i+1) {
+			t.Fatalf("pass %d: broker phase failures +%v, want +%d", i, got, i+1)
 		}
 	}
 	if after := w.snapshot(ids); after != before {

@@ -222,7 +222,9 @@ func New(cfg Config, pool *pgxpool.Pool, relay *outbox.Relay, provider *psp.Clie
 func (c *Compensator) Config() Config { return c.cfg }
 
 // Run makes a pass at once and then every Interval until ctx ends. A
-// failed pass is logged and the next one tries again.
+// failed pass is logged, counted by phase
+// (orderpipe_compensator_pass_failures_total), and the next one tries
+// again.
 func (c *Compensator) Run(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.Interval)
 	defer t.Stop()
@@ -245,8 +247,12 @@ func (c *Compensator) Run(ctx context.Context) error {
 }
 
 // RunOnce makes one pass: its phases (phases) in order. A phase that fails
-// does not stop the others; the errors are returned together. A pass that
-// cannot reach the broker skips the phases that need it.
+// does not stop the others; the errors are returned together, and each
+// failed phase is counted (orderpipe_compensator_pass_failures_total). A
+// pass that cannot reach the broker skips the phases that need it. A pass
+// that ran every phase, and whose failures are only those that a metric
+// of their own reports (reportedError), sets
+// orderpipe_compensator_last_success_timestamp_seconds when it ends.
 func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 	t0 := time.Now()
 	if c.cfg.DryRun {
@@ -256,8 +262,10 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 	}
 	res := Result{Forced: c.cfg.Force}
 	var errs []error
+	completed := true
 	for _, ph := range c.phases() {
 		if ctx.Err() != nil {
+			completed = false
 			break
 		}
 		if ph.needsBroker && res.BrokerUnavailable {
@@ -268,6 +276,12 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 			continue
 		}
 		errs = append(errs, err)
+		if ctx.Err() == nil {
+			metrics.CompensatorPassFailures.WithLabelValues(ph.name).Inc()
+		}
+		if !onlyReported(err) {
+			completed = false
+		}
 		if errors.Is(err, ErrBrokerUnavailable) {
 			res.BrokerUnavailable = true
 		}
@@ -282,7 +296,48 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 		metrics.CompensatorBrokerUp.Set(1)
 	}
 	res.Took = time.Since(t0)
+	if completed && ctx.Err() == nil {
+		metrics.CompensatorLastSuccess.Set(float64(time.Now().UnixMilli()) / 1e3)
+	}
 	return res, errors.Join(errs...)
+}
+
+// reportedError is a failure that a metric and an alert of its own
+// report: the broker unavailable (orderpipe_compensator_broker_up). It is
+// still an error of the pass, but it does not keep the pass from counting
+// as completed (orderpipe_compensator_last_success_timestamp_seconds), so
+// that "no compensator completes its passes" means the compensators are
+// down or failing, not that the broker is.
+type reportedError struct{ err error }
+
+func (e reportedError) Error() string { return e.err.Error() }
+func (e reportedError) Unwrap() error { return e.err }
+
+// reported marks reportedError for onlyReported.
+func (reportedError) reported() {}
+
+// onlyReported reports whether every failure in err (through errors.Join,
+// several %w and wrapping) is a reportedError. It walks the tree itself:
+// errors.As would find one reportedError among other failures.
+func onlyReported(err error) bool {
+	if err == nil {
+		return true
+	}
+	if _, ok := err.(interface{ reported() }); ok {
+		return true
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, x := range j.Unwrap() {
+			if !onlyReported(x) {
+				return false
+			}
+		}
+		return true
+	}
+	if inner := errors.Unwrap(err); inner != nil {
+		return onlyReported(inner)
+	}
+	return false
 }
 
 // ErrBrokerUnavailable marks a pass that could not reach the broker (or
@@ -359,12 +414,13 @@ func (c *Compensator) measure(ctx context.Context, q postgres.DB, res *Result) e
 		return fmt.Errorf("count stuck orders: %w", err)
 	}
 	res.OldestOpen = time.Duration(oldest * float64(time.Second))
-	if !res.DryRun {
-		for _, s := range openStatuses {
-			metrics.StuckOrders.WithLabelValues(string(s)).Set(float64(res.Stuck[s]))
-		}
-		metrics.OldestOpenOrderAge.Set(oldest)
+	if res.DryRun {
+		return nil
 	}
+	for _, s := range openStatuses {
+		metrics.StuckOrders.WithLabelValues(string(s)).Set(float64(res.Stuck[s]))
+	}
+	metrics.OldestOpenOrderAge.Set(oldest)
 	return nil
 }
 
@@ -564,7 +620,7 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 			if pubErr != nil {
 				err = fmt.Errorf("%w: %w", err, pubErr)
 			}
-			errs = append(errs, err)
+			errs = append(errs, reportedError{err})
 		}
 	}
 	return len(claimed), last, errors.Join(errs...)

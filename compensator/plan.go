@@ -11,7 +11,11 @@ import (
 	"orderpipe/shared/payments"
 )
 
-// phase is one named step of a pass.
+// phaseBroker is the name of the phase that checks the broker.
+const phaseBroker = "broker"
+
+// phase is one named step of a pass (its name is the label of
+// orderpipe_compensator_pass_failures_total).
 type phase struct {
 	name string
 	// needsBroker: skipped when the pass found the broker unavailable.
@@ -31,9 +35,9 @@ type phase struct {
 func (c *Compensator) phases() []phase {
 	return []phase{
 		{name: "measure", run: func(ctx context.Context, res *Result) error { return c.measure(ctx, c.pool, res) }},
-		{name: "broker", run: func(ctx context.Context, _ *Result) error {
+		{name: phaseBroker, run: func(ctx context.Context, _ *Result) error {
 			if err := c.brokerReachable(ctx); err != nil {
-				return errors.Join(err, c.noteBroker(ctx, false))
+				return errors.Join(reportedError{err}, c.noteBroker(ctx, false))
 			}
 			return c.noteBroker(ctx, true)
 		}},

@@ -90,6 +90,16 @@ var (
 	// broker, 0 when it could not (and so re-drove and unwound nothing).
 	CompensatorBrokerUp = lazyGauge("orderpipe_compensator_broker_up", "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing.")
 
+	// CompensatorLastSuccess is when the compensator's last completed pass
+	// ended: every phase succeeded, or failed only because the broker was
+	// unavailable (CompensatorBrokerUp) or the payment provider did not
+	// make a refund (RefundFailures, OldestRefundDueAge).
+	CompensatorLastSuccess = lazyGauge("orderpipe_compensator_last_success_timestamp_seconds", "Unix time at which the compensator's last completed pass ended (every phase succeeded, or failed only for the broker being unavailable or the payment provider not making a refund).")
+
+	// CompensatorPassFailures counts the compensator's passes in which a
+	// phase failed, by phase.
+	CompensatorPassFailures = counterVec("orderpipe_compensator_pass_failures_total", "Compensator passes in which the phase failed, by phase: measure, broker, heal, scan, refunds, renotify, republish, sweep, tokens.", "phase")
+
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
 	WebhookDeliveries = counterVec("orderpipe_webhook_deliveries_total", "Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).", "outcome")
 
@@ -149,6 +159,7 @@ func (g *LazyGauge) Collect(ch chan<- prometheus.Metric) { g.vec.Collect(ch) }
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, IntakeCoalesced, OrdersFinished, StageSeconds,
 		HandlerMessages, HandlerDuration, StepBatchSize, StepBatchDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
+		CompensatorLastSuccess, CompensatorPassFailures,
 		WebhookDeliveries, OutboxPublished, TokensIssued, TokensUsed, Tokens}
 }
 
