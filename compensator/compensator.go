@@ -303,11 +303,12 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 }
 
 // reportedError is a failure that a metric and an alert of its own
-// report: the broker unavailable (orderpipe_compensator_broker_up). It is
+// report: the broker unavailable (orderpipe_compensator_broker_up), a
+// refund the payment provider did not make (orderpipe_refunds_due). It is
 // still an error of the pass, but it does not keep the pass from counting
 // as completed (orderpipe_compensator_last_success_timestamp_seconds), so
 // that "no compensator completes its passes" means the compensators are
-// down or failing, not that the broker is.
+// down or failing, not that the broker or the provider is.
 type reportedError struct{ err error }
 
 func (e reportedError) Error() string { return e.err.Error() }

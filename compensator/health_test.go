@@ -6,8 +6,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"orderpipe/compensator"
 	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
+	"orderpipe/shared/psp"
+	"orderpipe/shared/tooling/pspserver"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // The tests of this file read process-wide metrics: none is parallel.
@@ -61,5 +65,60 @@ func TestPassesSayWhetherTheyComplete(t *testing.T) {
 	w.pass(c)
 	if got := lastSuccess(); !got.After(completed) {
 		t.Fatalf("a pass that completed left the last completed pass at %s", got)
+	}
+}
+
+// TestARefundTheProviderFailsIsReported: a cancelled order holds a
+// succeeded charge and the provider fails every refund. Each pass asks
+// again and counts the failure; the refund stays due and the gauges say
+// so, with the time since the order was cancelled. The passes still count
+// as completed (the provider's failure has its own alert). Before, the
+// failure went to the log only and refunds were counted when they
+// succeeded.
+func TestARefundTheProviderFailsIsReported(t *testing.T) {
+	w, id := newWorldWithOrder(t, spec{status: order.StatusPaid, lines: map[string]int{"SKU-1": 1}, payment: "succeeded"})
+	failing := psp.NewClient(testenv.ServePSP(t, w.db.Pool, pspserver.Options{ErrorRate: 1}), 5*time.Second)
+	w.age(id)
+	c := w.comp(w.cfg(compensator.NoRedrive), failing)
+	failures, refundPhase := testutil.ToFloat64(metrics.RefundFailures), phaseFailures("refunds")
+
+	before := time.Now().Add(-time.Millisecond)
+	res, err := c.RunOnce(t.Context())
+	if err == nil || !psp.IsTransient(err) || res.Unwound != 1 || res.Refunded != 0 {
+		t.Fatalf("first pass: %+v, %v; want the order unwound and its refund failed", res, err)
+	}
+	if w.status(id) != order.StatusCancelled {
+		t.Fatal("not unwound")
+	}
+	// The order was cancelled an hour ago.
+	w.exec(`UPDATE orders SET updated_at = now() - interval '1 hour' WHERE order_id = $1`, id)
+	if _, err := c.RunOnce(t.Context()); err == nil {
+		t.Fatal("second pass: the refund did not fail")
+	}
+	if got := testutil.ToFloat64(metrics.RefundsDue); got != 1 {
+		t.Fatalf("refunds due %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(metrics.OldestRefundDueAge); got < 3590 || got > 3700 {
+		t.Fatalf("oldest refund due %v s, want about 3600", got)
+	}
+	if got := testutil.ToFloat64(metrics.RefundFailures) - failures; got != 2 {
+		t.Fatalf("refund failures +%v, want +2", got)
+	}
+	if got := phaseFailures("refunds") - refundPhase; got != 2 {
+		t.Fatalf("refunds phase failures +%v, want +2", got)
+	}
+	if got := lastSuccess(); got.Before(before) {
+		t.Fatalf("passes whose only failure was the provider's did not count as completed: last at %s", got)
+	}
+	if n := w.int(`SELECT count(*) FROM psp_refunds`); n != 0 {
+		t.Fatalf("provider refunds %d, want 0", n)
+	}
+
+	// The provider is back: refunded, nothing due any more.
+	if res := w.pass(w.comp(w.cfg(compensator.NoRedrive), w.psp)); res.Refunded != 1 {
+		t.Fatalf("pass with the provider back: %+v", res)
+	}
+	if due, age := testutil.ToFloat64(metrics.RefundsDue), testutil.ToFloat64(metrics.OldestRefundDueAge); due != 0 || age != 0 {
+		t.Fatalf("after the refund: due %v, oldest %v s; want 0 and 0", due, age)
 	}
 }

@@ -11,6 +11,7 @@ import (
 // deep in the joins and wraps, makes it a failed pass.
 func TestOnlyReported(t *testing.T) {
 	broker := reportedError{fmt.Errorf("%w: stream ORDERS: %w", ErrBrokerUnavailable, errors.New("timeout"))}
+	refund := reportedError{errors.New("refund cancelled order x: provider 500")}
 	db := errors.New("count stuck orders: connection refused")
 	for _, c := range []struct {
 		name string
@@ -20,8 +21,8 @@ func TestOnlyReported(t *testing.T) {
 		{"none", nil, true},
 		{"the broker", broker, true},
 		{"the broker, and the outage not recorded", errors.Join(broker, db), false},
-		{"the broker in batches", fmt.Errorf("batch: %w", errors.Join(broker, errors.Join(broker, broker))), true},
-		{"the broker and a database error", errors.Join(broker, fmt.Errorf("record re-drive: %w", db)), false},
+		{"refunds in batches", fmt.Errorf("batch: %w", errors.Join(refund, errors.Join(refund, refund))), true},
+		{"a refund and a database error", errors.Join(refund, fmt.Errorf("record refund: %w", db)), false},
 		{"a database error", db, false},
 		{"a bare broker error, not marked", ErrBrokerUnavailable, false},
 	} {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/payments"
 	"orderpipe/shared/postgres"
@@ -74,11 +75,45 @@ func selectRefundsDue(ctx context.Context, q postgres.DB, cursor uuid.UUID, limi
 	})
 }
 
-// refunds refunds the charges of cancelled orders. The intent (refund_key)
-// is committed before the provider is called; the call carries that key, so
-// a crash after the call and before the record repeats the call and gets
-// the first refund back, never a second one.
+// refunds refunds the charges of cancelled orders (settleRefunds), then
+// counts the payments that may still hold money for the gauges.
 func (c *Compensator) refunds(ctx context.Context, res *Result) error {
+	err := c.settleRefunds(ctx, res)
+	if ctx.Err() != nil {
+		return err
+	}
+	return errors.Join(err, c.measureRefundsDue(ctx))
+}
+
+// measureRefundsDue sets orderpipe_refunds_due and
+// orderpipe_oldest_refund_due_age_seconds: the payments of cancelled or
+// rejected orders that may still hold the customer's money (a succeeded
+// charge whose refund is due, or a charge of unknown outcome to void),
+// and how long ago the oldest one's order ended. Read after the pass asked
+// the provider for them, they are the refunds the provider did not make
+// (or that are in flight elsewhere). The candidates come from
+// payments_unsettled_idx: after settleRefunds, a succeeded charge of a
+// cancelled order has its refund_key.
+func (c *Compensator) measureRefundsDue(ctx context.Context) error {
+	var n int
+	var oldest float64
+	if err := c.pool.QueryRow(ctx, `
+		SELECT count(*), coalesce(extract(epoch FROM now() - min(o.updated_at)), 0)::float8
+		FROM payments p JOIN orders o ON o.order_id = p.order_id
+		WHERE (p.status = 'pending' OR (p.status = 'succeeded' AND p.refund_key IS NOT NULL))
+		  AND o.status IN ('cancelled', 'rejected')`).Scan(&n, &oldest); err != nil {
+		return fmt.Errorf("count refunds due: %w", err)
+	}
+	metrics.RefundsDue.Set(float64(n))
+	metrics.OldestRefundDueAge.Set(max(oldest, 0))
+	return nil
+}
+
+// settleRefunds refunds the charges of cancelled orders. The intent
+// (refund_key) is committed before the provider is called; the call
+// carries that key, so a crash after the call and before the record
+// repeats the call and gets the first refund back, never a second one.
+func (c *Compensator) settleRefunds(ctx context.Context, res *Result) error {
 	cursor := uuid.Nil
 	var errs []error
 	for {
@@ -119,10 +154,14 @@ func (c *Compensator) refunds(ctx context.Context, res *Result) error {
 // refundOne settles one payment of a cancelled order with the provider
 // through payments.Settle (the same keys from every caller; a pending
 // charge key is voided, never charged) and records the compensator's refund
-// action once.
+// action once. A refund the provider did not make (or that no provider
+// was there to make) is counted (orderpipe_compensator_refund_failures_total)
+// and returned as a reportedError: the refund stays due, and
+// orderpipe_refunds_due shows it.
 func (c *Compensator) refundOne(ctx context.Context, r refundDue, res *Result) error {
 	if c.provider == nil {
-		return fmt.Errorf("refund of order %s is due but no payment provider is configured", r.OrderID)
+		metrics.RefundFailures.Inc()
+		return reportedError{fmt.Errorf("refund of order %s is due but no payment provider is configured", r.OrderID)}
 	}
 	done, err := payments.Settle(ctx, c.pool, c.provider, r.OrderID)
 	if inFlight(err) {
@@ -135,7 +174,13 @@ func (c *Compensator) refundOne(ctx context.Context, r refundDue, res *Result) e
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("refund cancelled order %s: %w", r.OrderID, err)
+		err = fmt.Errorf("refund cancelled order %s: %w", r.OrderID, err)
+		var pe *psp.Error
+		if !errors.As(err, &pe) || ctx.Err() != nil {
+			return err // not the provider's answer (the database, a shutdown)
+		}
+		metrics.RefundFailures.Inc()
+		return reportedError{err}
 	}
 	if done.RefundID == "" {
 		return nil // the pending key was voided or declined: nothing to give back

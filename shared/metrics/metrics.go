@@ -100,6 +100,21 @@ var (
 	// phase failed, by phase.
 	CompensatorPassFailures = counterVec("orderpipe_compensator_pass_failures_total", "Compensator passes in which the phase failed, by phase: measure, broker, heal, scan, refunds, renotify, republish, sweep, tokens.", "phase")
 
+	// RefundsDue is the number of payments of cancelled or rejected orders
+	// that may still hold the customer's money (a succeeded charge with its
+	// refund due, or a charge of unknown outcome to void), after the
+	// compensator's last pass asked the provider for them.
+	RefundsDue = lazyGauge("orderpipe_refunds_due", "Payments of cancelled or rejected orders that may still hold the customer's money (a charge to refund, or one of unknown outcome to void), after the refunds of the compensator's last pass.")
+
+	// OldestRefundDueAge is how long ago the order of the oldest payment in
+	// RefundsDue was cancelled or rejected.
+	OldestRefundDueAge = lazyGauge("orderpipe_oldest_refund_due_age_seconds", "Time since the order of the oldest refund still due (orderpipe_refunds_due) was cancelled or rejected, after the compensator's last pass (0 when none).")
+
+	// RefundFailures counts refunds (and voids) of cancelled orders that
+	// the compensator asked for and did not get: the provider refused or
+	// failed, or the compensator has no provider.
+	RefundFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "orderpipe_compensator_refund_failures_total", Help: "Refunds or voids of cancelled orders that the compensator asked for and did not get (the provider refused or failed, or no provider is configured)."})
+
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
 	WebhookDeliveries = counterVec("orderpipe_webhook_deliveries_total", "Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).", "outcome")
 
@@ -159,7 +174,7 @@ func (g *LazyGauge) Collect(ch chan<- prometheus.Metric) { g.vec.Collect(ch) }
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, IntakeCoalesced, OrdersFinished, StageSeconds,
 		HandlerMessages, HandlerDuration, StepBatchSize, StepBatchDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
-		CompensatorLastSuccess, CompensatorPassFailures,
+		CompensatorLastSuccess, CompensatorPassFailures, RefundsDue, OldestRefundDueAge, RefundFailures,
 		WebhookDeliveries, OutboxPublished, TokensIssued, TokensUsed, Tokens}
 }
 

@@ -45,7 +45,8 @@ func TestCompensatorGaugesAreExportedOnceSet(t *testing.T) {
 		return out
 	}
 	lazy := []string{"orderpipe_oldest_open_order_age_seconds", "orderpipe_compensator_broker_up",
-		"orderpipe_compensator_last_success_timestamp_seconds"}
+		"orderpipe_compensator_last_success_timestamp_seconds", "orderpipe_refunds_due",
+		"orderpipe_oldest_refund_due_age_seconds"}
 	got := exported()
 	for _, name := range lazy {
 		if !Names()[name] {
