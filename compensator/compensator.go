@@ -262,7 +262,7 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 	}
 	res := Result{Forced: c.cfg.Force}
 	var errs []error
-	completed := true
+	completed, brokerDown := true, false
 	for _, ph := range c.phases() {
 		if ctx.Err() != nil {
 			completed = false
@@ -284,15 +284,20 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 		}
 		if errors.Is(err, ErrBrokerUnavailable) {
 			res.BrokerUnavailable = true
+			brokerDown = brokerDown || ph.name == phaseBroker
 		}
 		if errors.Is(err, failpoint.ErrInjected) {
 			break // a simulated crash ends the pass there
 		}
 	}
-	if res.BrokerUnavailable {
+	switch {
+	case brokerDown:
 		metrics.CompensatorBrokerUp.Set(0)
 		c.logger.Warn("compensator pass: the broker is unavailable; nothing was re-driven or unwound, and re-drive attempts are not counted until it is back")
-	} else if c.relay != nil {
+	case res.BrokerUnavailable:
+		metrics.CompensatorBrokerUp.Set(0)
+		c.logger.Warn("compensator pass: the broker did not acknowledge re-drives; they were taken back and not counted, and the pass stopped re-driving and skipped the phases that need the broker")
+	case c.relay != nil:
 		metrics.CompensatorBrokerUp.Set(1)
 	}
 	res.Took = time.Since(t0)
@@ -422,6 +427,15 @@ func (c *Compensator) measure(ctx context.Context, q postgres.DB, res *Result) e
 		metrics.StuckOrders.WithLabelValues(string(s)).Set(float64(res.Stuck[s]))
 	}
 	metrics.OldestOpenOrderAge.Set(oldest)
+	// The oldest event nobody published: the first pending row in id
+	// order (outbox_pending_idx), one row read.
+	var pending float64
+	if err := q.QueryRow(ctx, `
+		SELECT coalesce((SELECT extract(epoch FROM now() - created_at)::float8
+		                 FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT 1), 0)`).Scan(&pending); err != nil {
+		return fmt.Errorf("read the oldest pending outbox event: %w", err)
+	}
+	metrics.OutboxOldestPendingAge.Set(max(pending, 0))
 	return nil
 }
 

@@ -97,8 +97,16 @@ func TestDaemonServesHealthAndMetricsAndStops(t *testing.T) {
 		code, _ := get("/readyz")
 		return code == http.StatusOK && w.int(`SELECT count(*) FROM compensator_actions WHERE order_id = $1`, id) == 1
 	})
-	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, "orderpipe_compensator_actions_total") || !strings.Contains(body, "orderpipe_stuck_orders") {
-		t.Fatalf("/metrics %d", code)
+	testenv.WaitFor(t, 20*time.Second, "the daemon's first pass to end", func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, "orderpipe_compensator_last_success_timestamp_seconds ")
+	})
+	code, body := get("/metrics")
+	for _, name := range []string{"orderpipe_compensator_actions_total", "orderpipe_stuck_orders", "orderpipe_oldest_open_order_age_seconds ",
+		"orderpipe_compensator_broker_up ", "orderpipe_refunds_due ", "orderpipe_outbox_oldest_pending_age_seconds "} {
+		if code != http.StatusOK || !strings.Contains(body, name) {
+			t.Fatalf("/metrics %d lacks %s", code, name)
+		}
 	}
 	if code, _ := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz %d", code)

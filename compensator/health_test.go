@@ -30,16 +30,26 @@ func phaseFailures(phase string) float64 {
 // the last completed pass; a pass with a phase that fails at every pass
 // counts the failure by phase and leaves that time where it was, so that
 // a compensator whose passes all fail is seen (before, the failure went to
-// the log only and every gauge just stayed as it was).
+// the log only and every gauge just stayed as it was). The pass also
+// reports the oldest outbox event nobody published.
 func TestPassesSayWhetherTheyComplete(t *testing.T) {
 	w := newWorld(t)
 	w.newOrder(spec{status: order.StatusProcessing})
+	// An event left pending ten minutes ago (its publisher died).
+	w.exec(`UPDATE outbox SET published_at = NULL, created_at = now() - interval '10 minutes' WHERE id = (SELECT min(id) FROM outbox)`)
 	c := w.comp(w.cfg(3), w.psp)
 
 	before := time.Now().Add(-time.Millisecond)
 	w.pass(c)
 	if got := lastSuccess(); got.Before(before) || got.After(time.Now()) {
 		t.Fatalf("last completed pass at %s, want between %s and now", got, before)
+	}
+	if got := testutil.ToFloat64(metrics.OutboxOldestPendingAge); got < 590 || got > 700 {
+		t.Fatalf("oldest pending outbox event %v s old, want about 600", got)
+	}
+	w.pass(c) // the first pass republished it
+	if got := testutil.ToFloat64(metrics.OutboxOldestPendingAge); got != 0 {
+		t.Fatalf("oldest pending outbox event %v s old after its republish, want 0", got)
 	}
 
 	// A phase that fails at every pass (its table is gone).

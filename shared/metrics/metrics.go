@@ -87,8 +87,10 @@ var (
 	CompensatorActions = counterVec("orderpipe_compensator_actions_total", "Compensator actions by kind: redrive, unwind, refund, renotify, heal, skip.", "action")
 
 	// CompensatorBrokerUp is 1 when the compensator's last pass reached the
-	// broker, 0 when it could not (and so re-drove and unwound nothing).
-	CompensatorBrokerUp = lazyGauge("orderpipe_compensator_broker_up", "1 when the compensator's last pass reached the broker; 0 when it could not, and so re-drove and unwound nothing.")
+	// broker, 0 when it could not (and so re-drove and unwound nothing) or
+	// when the broker did not acknowledge one of its re-drives (taken back
+	// and not counted; the pass stopped re-driving there).
+	CompensatorBrokerUp = lazyGauge("orderpipe_compensator_broker_up", "1 when the compensator's last pass reached the broker; 0 when it could not (nothing re-driven or unwound), or when the broker did not acknowledge one of its re-drives (taken back, the pass stopped re-driving).")
 
 	// CompensatorLastSuccess is when the compensator's last completed pass
 	// ended: every phase succeeded, or failed only because the broker was
@@ -114,6 +116,10 @@ var (
 	// the compensator asked for and did not get: the provider refused or
 	// failed, or the compensator has no provider.
 	RefundFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "orderpipe_compensator_refund_failures_total", Help: "Refunds or voids of cancelled orders that the compensator asked for and did not get (the provider refused or failed, or no provider is configured)."})
+
+	// OutboxOldestPendingAge is the age of the oldest outbox row not
+	// published yet, at the start of the compensator's last pass.
+	OutboxOldestPendingAge = lazyGauge("orderpipe_outbox_oldest_pending_age_seconds", "Age of the oldest outbox event not published yet, at the start of the compensator's last pass (0 when none).")
 
 	// WebhookDeliveries counts webhook delivery attempts by outcome.
 	WebhookDeliveries = counterVec("orderpipe_webhook_deliveries_total", "Webhook delivery attempts by outcome: delivered, retry, failed (given up), refused (unsafe URL).", "outcome")
@@ -174,7 +180,7 @@ func (g *LazyGauge) Collect(ch chan<- prometheus.Metric) { g.vec.Collect(ch) }
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{IntakeRequests, IntakeDuration, UniqueConflicts, IntakeCoalesced, OrdersFinished, StageSeconds,
 		HandlerMessages, HandlerDuration, StepBatchSize, StepBatchDuration, DeadLetters, StuckOrders, OldestOpenOrderAge, CompensatorActions, CompensatorBrokerUp,
-		CompensatorLastSuccess, CompensatorPassFailures, RefundsDue, OldestRefundDueAge, RefundFailures,
+		CompensatorLastSuccess, CompensatorPassFailures, RefundsDue, OldestRefundDueAge, RefundFailures, OutboxOldestPendingAge,
 		WebhookDeliveries, OutboxPublished, TokensIssued, TokensUsed, Tokens}
 }
 

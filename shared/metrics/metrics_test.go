@@ -46,7 +46,7 @@ func TestCompensatorGaugesAreExportedOnceSet(t *testing.T) {
 	}
 	lazy := []string{"orderpipe_oldest_open_order_age_seconds", "orderpipe_compensator_broker_up",
 		"orderpipe_compensator_last_success_timestamp_seconds", "orderpipe_refunds_due",
-		"orderpipe_oldest_refund_due_age_seconds"}
+		"orderpipe_oldest_refund_due_age_seconds", "orderpipe_outbox_oldest_pending_age_seconds"}
 	got := exported()
 	for _, name := range lazy {
 		if !Names()[name] {
