@@ -164,11 +164,20 @@ func TestBadEnvironment(t *testing.T) {
 		{config.EnvShutdownTimeout, "-5s"},
 		{config.EnvShutdownTimeout, "forever"},
 		{config.EnvAllowPrivateCallbacks, "maybe"},
+		{config.EnvPSPURL, "psp:8090"},
+		{config.EnvPSPURL, "localhost:8090"},
+		{config.EnvPSPURL, "ftp://x"},
+		{config.EnvPSPURL, "http://"},
 	} {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
 			cleanEnv(t)
+			// Servers that refuse at once: a command that let the value
+			// through fails on them quickly instead of starting.
+			closed := strconv.Itoa(testenv.ClosedPort(t))
+			t.Setenv(config.EnvDatabaseURL, "postgres://postgres@127.0.0.1:"+closed+"/x?sslmode=disable&connect_timeout=2")
+			t.Setenv(config.EnvNATSURL, "nats://127.0.0.1:"+closed)
 			t.Setenv(tc.name, tc.value)
-			for _, cmd := range []string{"migrate", "dev", "probe"} {
+			for _, cmd := range []string{"migrate", "dev", "probe", "consumers", "compensator"} {
 				args := []string{cmd}
 				if cmd == "migrate" {
 					args = append(args, "status")

@@ -220,12 +220,13 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 
 		OTLPEndpoint: get(EnvOTLPEndpoint, ""),
 	}
-	if c.OTLPEndpoint != "" {
-		if u, err := url.Parse(c.OTLPEndpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			errs = append(errs, fmt.Errorf("%s: want an http(s) URL like http://otel-collector:4318, got %q", EnvOTLPEndpoint, c.OTLPEndpoint))
-		}
-	}
 	var err error
+	if err = checkHTTPURL(EnvOTLPEndpoint, c.OTLPEndpoint, "http://otel-collector:4318"); err != nil {
+		errs = append(errs, err)
+	}
+	if err = checkHTTPURL(EnvPSPURL, c.PSPURL, "http://psp:8080"); err != nil {
+		errs = append(errs, err)
+	}
 	if c.DBMaxConns, err = EnvDBMaxConns.lookup(lookup); err != nil {
 		errs = append(errs, err)
 	}
@@ -252,6 +253,19 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 		errs = append(errs, fmt.Errorf("%s: want debug, info, warn or error, got %q", EnvLogLevel, c.LogLevel))
 	}
 	return c, errors.Join(errs...)
+}
+
+// checkHTTPURL refuses a value of the variable name that is set but not an
+// http or https URL with a host (psp:8090, localhost:8090, ftp://x and
+// http:// all are refused); like is an example of a good one.
+func checkHTTPURL(name, value, like string) error {
+	if value == "" {
+		return nil
+	}
+	if u, err := url.Parse(value); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%s: want an http(s) URL like %s, got %q", name, like, value)
+	}
+	return nil
 }
 
 // Require returns an error naming every variable in names that is empty.

@@ -23,20 +23,36 @@ func TestDefaults(t *testing.T) {
 
 func TestMalformed(t *testing.T) {
 	t.Parallel()
-	cases := map[string]string{
-		EnvAllowPrivateCallbacks: "maybe",
-		EnvStreamReplicas:        "2",
-		EnvShutdownTimeout:       "-1s",
-		EnvLogFormat:             "xml",
-		EnvLogLevel:              "loud",
-		EnvOTLPEndpoint:          "otel-collector:4318",
-		EnvDBMaxConns.Name:       "0",
-		EnvDevNATSSyncAlways:     "sometimes",
+	cases := []struct{ name, value string }{
+		{EnvAllowPrivateCallbacks, "maybe"},
+		{EnvStreamReplicas, "2"},
+		{EnvShutdownTimeout, "-1s"},
+		{EnvLogFormat, "xml"},
+		{EnvLogLevel, "loud"},
+		{EnvOTLPEndpoint, "otel-collector:4318"},
+		{EnvPSPURL, "psp:8090"},
+		{EnvPSPURL, "localhost:8090"},
+		{EnvPSPURL, "ftp://x"},
+		{EnvPSPURL, "http://"},
+		{EnvPSPURL, "//psp:8090"},
+		{EnvDBMaxConns.Name, "0"},
+		{EnvDevNATSSyncAlways, "sometimes"},
 	}
-	for k, v := range cases {
-		_, err := fromLookup(lookup(map[string]string{k: v}))
-		if err == nil || !strings.Contains(err.Error(), k) {
-			t.Errorf("%s=%q: err = %v, want one naming the variable", k, v, err)
+	for _, c := range cases {
+		_, err := fromLookup(lookup(map[string]string{c.name: c.value}))
+		if err == nil || !strings.Contains(err.Error(), c.name) || !strings.Contains(err.Error(), c.value) {
+			t.Errorf("%s=%q: err = %v, want one naming the variable and the value", c.name, c.value, err)
+		}
+	}
+	for _, bad := range []string{"psp:8090", "ftp://x"} {
+		_, err := fromLookup(lookup(map[string]string{EnvPSPURL: bad}))
+		if err == nil || !strings.Contains(err.Error(), "PSP_URL: want an http(s) URL") {
+			t.Errorf("PSP_URL=%q: err = %v", bad, err)
+		}
+	}
+	for _, good := range []string{"http://psp:8080", "https://psp.example/v2/", "http://127.0.0.1:8090"} {
+		if c, err := fromLookup(lookup(map[string]string{EnvPSPURL: good})); err != nil || c.PSPURL != good {
+			t.Errorf("PSP_URL=%q: %+v, %v", good, c.PSPURL, err)
 		}
 	}
 }
