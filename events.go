@@ -49,6 +49,9 @@ func runTail(ctx context.Context, inv cli.Invocation) error {
 	if err != nil {
 		return err
 	}
+	if err := inv.Config.Require(config.EnvNATSURL); err != nil {
+		return err
+	}
 	nc, js, err := natsjs.Connect(inv.Config.NATSURL, "orderpipe events tail", app.NewLogger(inv.Config, inv.Stderr))
 	if err != nil {
 		return err

@@ -257,3 +257,14 @@ func TestEventsTailUnreachableBroker(t *testing.T) {
 		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
+
+// Without NATS_URL, tail says so at once instead of dialling a default
+// address (the stream named here exists nowhere, so a tail that dialled a
+// broker would fail on it rather than wait).
+func TestEventsTailWithoutNATSURL(t *testing.T) {
+	cleanEnv(t)
+	code, out, errOut := orderpipe(t, "events", "tail", "--stream", "NO_SUCH_STREAM_"+strings.ReplaceAll(uuid.NewString(), "-", ""))
+	if code != 1 || out != "" || !strings.Contains(errOut, "missing environment: NATS_URL must be set") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 1 naming NATS_URL", code, out, errOut)
+	}
+}
