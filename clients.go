@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
-	"io"
 
 	"github.com/google/uuid"
 
@@ -44,9 +43,8 @@ func clientsCommand() cli.Command {
 			}
 			action := inv.Args[0]
 			// Flags may come after the action: clients create --name N.
-			inv.Flags.SetOutput(io.Discard) // the error is reported once, below
-			if err := inv.Flags.Parse(inv.Args[1:]); err != nil {
-				return cli.Usagef("%v", err)
+			if err := cli.Parse(inv.Flags, inv.Args[1:]); err != nil {
+				return err
 			}
 			if inv.Flags.NArg() > 0 {
 				return cli.Usagef("unexpected arguments: %v", inv.Flags.Args())

@@ -80,7 +80,7 @@ func parseTail(args []string, help io.Writer) (orderevent.Topology, orderevent.T
 	fs.IntVar(&o.Count, "count", 0, "stop after N events (default: follow until interrupted)")
 	fs.StringVar(&topo.Stream, "stream", topo.Stream, "the stream")
 	fs.StringVar(&topo.Prefix, "prefix", topo.Prefix, "the subjects' first token")
-	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+	if err := cli.Parse(fs, args); errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(help, "usage: orderpipe events tail [flags]\n\nFlags:")
 		fs.SetOutput(help)
 		fs.PrintDefaults()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
@@ -136,6 +139,62 @@ func TestBadFlags(t *testing.T) {
 			if out != "" || !strings.Contains(errOut, "usage: orderpipe "+c.Name) {
 				t.Errorf("orderpipe %s: want the usage on stderr and nothing on stdout; stdout %q stderr %q", strings.Join(args, " "), out, errOut)
 			}
+		}
+	}
+	// A flag given twice, in any command that has flags: its first flag,
+	// repeated. -h comes last so that a build that let the repetition
+	// through prints the help instead of running the command.
+	for _, c := range commands() {
+		if c.Setup == nil {
+			continue
+		}
+		fs := flag.NewFlagSet(c.Name, flag.ContinueOnError)
+		c.Setup(fs)
+		var arg, name string
+		fs.VisitAll(func(f *flag.Flag) {
+			if name != "" {
+				return
+			}
+			name, arg = f.Name, "--"+f.Name+"="+f.DefValue
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				arg = "--" + f.Name
+			}
+		})
+		args := []string{c.Name, arg, arg, "-h"}
+		code, out, errOut := orderpipe(t, args...)
+		if code != 2 || out != "" || !strings.Contains(errOut, "--"+name+" given twice") || !strings.Contains(errOut, "usage: orderpipe "+c.Name) {
+			t.Errorf("orderpipe %s: exit %d, stdout %q, stderr %q; want 2 and %q with the usage", strings.Join(args, " "), code, out, errOut, "--"+name+" given twice")
+		}
+	}
+	// The flags that follow an action or a subcommand, and a flag given
+	// both before and after its action. The servers refuse at once, so a
+	// build that let the repetition through fails fast.
+	closed := strconv.Itoa(testenv.ClosedPort(t))
+	t.Setenv(config.EnvDatabaseURL, "postgres://postgres@127.0.0.1:"+closed+"/x?sslmode=disable&connect_timeout=2")
+	t.Setenv(config.EnvNATSURL, "nats://127.0.0.1:"+closed)
+	t.Setenv(config.EnvDataDir, t.TempDir()) // no dev.env
+	id := uuid.NewString()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dlq", "list", "--limit", "0", "--limit", "5"}, "--limit given twice"},
+		{[]string{"dlq", "--limit", "5", "list", "--limit", "5"}, "--limit given twice"},
+		{[]string{"dlq", "list", "--json", "--json=false"}, "--json given twice"},
+		{[]string{"clients", "set-rate-limit", "--id", id, "--rate-limit", "50", "--rate-limit", "0"}, "--rate-limit given twice"},
+		{[]string{"clients", "--name", "a", "create", "--name", "b"}, "--name given twice"},
+		{[]string{"bench", "intake", "--concurrency", "1", "--concurrency=2"}, "--concurrency given twice"},
+		{[]string{"bench", "--duration", "1s", "baseline", "--duration", "1s"}, "--duration given twice"},
+		{[]string{"events", "tail", "--count", "1", "--count", "2"}, "--count given twice"},
+		{[]string{"events", "tail", "--json", "--json"}, "--json given twice"},
+		{[]string{"webhooks", "list", "--order", id, "--order", id}, "--order given twice"},
+		{[]string{"orders", "stats", "--stuck-after", "1m", "--stuck-after=2m"}, "--stuck-after given twice"},
+		{[]string{"compensator", "--once", "--dry-run", "--once"}, "--once given twice"},
+		{[]string{"psp", "--hang", "1s", "-hang", "2s"}, "--hang given twice"},
+	} {
+		code, out, errOut := orderpipe(t, c.args...)
+		if code != 2 || out != "" || !strings.Contains(errOut, c.want) {
+			t.Errorf("orderpipe %s: exit %d, stdout %q, stderr %q; want 2 and %q", strings.Join(c.args, " "), code, out, errOut, c.want)
 		}
 	}
 	// A flag with a malformed value.

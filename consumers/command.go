@@ -129,8 +129,8 @@ func DLQCommand() cli.Command {
 			case "list":
 				// Flags may also follow the action: `dlq list --all`.
 				if inv.Flags != nil {
-					if err := inv.Flags.Parse(inv.Args[1:]); err != nil {
-						return cli.Usagef("%v", err)
+					if err := cli.Parse(inv.Flags, inv.Args[1:]); err != nil {
+						return err
 					}
 					if rest := inv.Flags.Args(); len(rest) > 0 {
 						return cli.Usagef("list takes no arguments, got %q", rest)

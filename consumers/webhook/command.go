@@ -85,7 +85,7 @@ func runList(ctx context.Context, inv cli.Invocation) error {
 	fs.SetOutput(io.Discard)
 	order := fs.String("order", "", "order id (UUID)")
 	asJSON := fs.Bool("json", false, "print JSON, one delivery per line")
-	if err := fs.Parse(inv.Args); err != nil {
+	if err := cli.Parse(fs, inv.Args); err != nil {
 		return cli.Usagef("webhooks list: %v", err)
 	}
 	if fs.NArg() > 0 {

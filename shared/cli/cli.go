@@ -172,12 +172,13 @@ func Execute(cmd Command, args []string, stdout, stderr io.Writer) int {
 	if cmd.Setup != nil {
 		cmd.Setup(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := Parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stdout)
 			printUsage()
 			return 0
 		}
+		fmt.Fprintf(stderr, "orderpipe %s: %v\n\n", cmd.Name, err)
 		printUsage()
 		return 2
 	}
@@ -201,4 +202,62 @@ func Execute(cmd Command, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "orderpipe %s: %v\n", cmd.Name, err)
 		return 1
 	}
+}
+
+// Parse parses args into fs as fs.Parse does, and is the one way orderpipe
+// parses flags. It differs in three ways: a flag given twice is refused
+// ("--limit given twice") in any form (-x 1, --x 1, --x=1, a boolean with
+// or without a value), counting the flags set by an earlier Parse of fs
+// (flags before an action and after it); every error but flag.ErrHelp,
+// returned as is for -h, is a UsageError; and nothing is printed: fs's
+// output and Usage are left unused, so the caller reports the error once.
+func Parse(fs *flag.FlagSet, args []string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var twice string
+	values := map[*flag.Flag]flag.Value{}
+	fs.VisitAll(func(f *flag.Flag) {
+		values[f] = f.Value
+		f.Value = onceValue{Value: f.Value, set: func(s string) error {
+			if given[f.Name] {
+				twice = f.Name
+				return errGivenTwice
+			}
+			given[f.Name] = true
+			return values[f].Set(s)
+		}}
+	})
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	for f, v := range values { // the flags keep their types for the help
+		f.Value = v
+	}
+	fs.SetOutput(out)
+	fs.Usage = usage
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return err
+	case twice != "":
+		return Usagef("--%s given twice", twice)
+	default:
+		return Usagef("%v", err)
+	}
+}
+
+var errGivenTwice = errors.New("given twice")
+
+// onceValue is a flag's Value for the length of a Parse: set refuses a
+// second value. It is a boolean flag if the Value is.
+type onceValue struct {
+	flag.Value
+	set func(string) error
+}
+
+func (v onceValue) Set(s string) error { return v.set(s) }
+
+func (v onceValue) IsBoolFlag() bool {
+	b, ok := v.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
@@ -167,5 +169,83 @@ func TestSubcommands(t *testing.T) {
 	}
 	if err := cli.Subcommands(sub("tail"), sub("asyncapi"))(t.Context(), cli.Invocation{}); err == nil || err.Error() != "want a subcommand: tail or asyncapi" {
 		t.Errorf("two subcommands: err %v", err)
+	}
+}
+
+// flagSet returns a FlagSet with an int, a bool and a string flag whose
+// output and Usage record whether anything was printed.
+func flagSet(printed *bytes.Buffer) (*flag.FlagSet, *int, *bool) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(printed)
+	fs.Usage = func() { printed.WriteString("usage called\n") }
+	n := fs.Int("n", 0, "a number")
+	b := fs.Bool("b", false, "a switch")
+	fs.String("s", "", "a text")
+	fs.Duration("d", time.Second, "a duration")
+	return fs, n, b
+}
+
+// Parse refuses a flag given twice in any of the forms flag accepts
+// (-x 1, --x 1, --x=1, and a boolean with or without a value), and in two
+// Parse calls on one FlagSet (flags before and after an action); every
+// other error is a UsageError too, -h is flag.ErrHelp, and nothing is
+// printed.
+func TestParse(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--n=1", "--n=2"}, "--n given twice"},
+		{[]string{"-n", "1", "-n", "2"}, "--n given twice"},
+		{[]string{"--n", "1", "--n", "2"}, "--n given twice"},
+		{[]string{"-n=1", "--s", "x", "--n", "1"}, "--n given twice"},
+		{[]string{"--b", "--b"}, "--b given twice"},
+		{[]string{"--b=false", "-b"}, "--b given twice"},
+		{[]string{"-b", "--n", "1", "--b=true"}, "--b given twice"},
+		{[]string{"--s=", "--s="}, "--s given twice"},
+		{[]string{"--nope"}, "flag provided but not defined: -nope"},
+		{[]string{"--n", "many"}, `invalid value "many" for flag -n: parse error`},
+		{[]string{"--n"}, "flag needs an argument: -n"},
+	} {
+		var printed bytes.Buffer
+		fs, _, _ := flagSet(&printed)
+		err := cli.Parse(fs, c.args)
+		var ue cli.UsageError
+		if !errors.As(err, &ue) || err.Error() != c.want {
+			t.Errorf("%q: err %v, want the usage error %q", c.args, err, c.want)
+		}
+		if printed.Len() > 0 {
+			t.Errorf("%q: printed %q", c.args, printed.String())
+		}
+	}
+
+	var printed bytes.Buffer
+	fs, n, b := flagSet(&printed)
+	var before bytes.Buffer
+	fs.SetOutput(&before)
+	fs.PrintDefaults()
+	fs.SetOutput(&printed)
+	if err := cli.Parse(fs, []string{"--n=1", "list", "--n=2"}); err != nil || *n != 1 || !slices.Equal(fs.Args(), []string{"list", "--n=2"}) {
+		t.Fatalf("flags before an action: err %v, n %d, args %q", err, *n, fs.Args())
+	}
+	// The action's own arguments, parsed again on the same FlagSet.
+	if err := cli.Parse(fs, []string{"--b", "--n=2"}); err == nil || err.Error() != "--n given twice" {
+		t.Fatalf("--n before and after the action: err %v", err)
+	}
+	if !*b {
+		t.Fatalf("--b, given once, was not set")
+	}
+	if err := cli.Parse(fs, []string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v, want flag.ErrHelp", err)
+	}
+	if printed.Len() > 0 {
+		t.Fatalf("printed %q", printed.String())
+	}
+	// The flags keep their types: the help text is the same as before.
+	var after bytes.Buffer
+	fs.SetOutput(&after)
+	fs.PrintDefaults()
+	if after.String() != before.String() || !strings.Contains(after.String(), "-n int") {
+		t.Fatalf("help after Parse:\n%s\nbefore:\n%s", after.String(), before.String())
 	}
 }

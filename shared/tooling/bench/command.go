@@ -166,9 +166,8 @@ func parse(inv cli.Invocation, f flags) (Settings, error) {
 		return Settings{}, cli.Usagef("unknown bench action %q (want %s)", action, strings.Join(Subcommands, ", "))
 	}
 	// Flags may come after the action: bench intake --concurrency 8.
-	inv.Flags.SetOutput(io.Discard) // the error is reported once, by main
-	if err := inv.Flags.Parse(inv.Args[1:]); err != nil {
-		return Settings{}, cli.Usagef("%v", err)
+	if err := cli.Parse(inv.Flags, inv.Args[1:]); err != nil {
+		return Settings{}, err
 	}
 	if inv.Flags.NArg() > 0 {
 		return Settings{}, cli.Usagef("unexpected arguments: %q", inv.Flags.Args())

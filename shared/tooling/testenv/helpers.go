@@ -41,8 +41,8 @@ func RunCommand(ctx context.Context, cmd cli.Command, cfg config.Config, stdout,
 	if cmd.Setup != nil {
 		cmd.Setup(fs)
 	}
-	if err := fs.Parse(args); err != nil {
-		return cli.Usagef("%v", err)
+	if err := cli.Parse(fs, args); err != nil {
+		return cli.Usagef("%v", err) // -h too
 	}
 	return cmd.Run(ctx, cli.Invocation{Args: fs.Args(), Flags: fs, Stdout: stdout, Stderr: stderr, Config: cfg})
 }
