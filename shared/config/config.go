@@ -8,6 +8,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"sort"
@@ -101,11 +102,20 @@ func durationSetting(name, meaning string, def time.Duration, zero bool) Setting
 
 // IntSetting registers an integer variable of at least min.
 func IntSetting(name, meaning string, def, min int) Setting[int] {
+	return IntSettingBetween(name, meaning, def, min, math.MaxInt)
+}
+
+// IntSettingBetween registers an integer variable between min and max.
+func IntSettingBetween(name, meaning string, def, min, max int) Setting[int] {
 	Register(name, meaning, strconv.Itoa(def))
+	want := fmt.Sprintf("want an integer between %d and %d", min, max)
+	if max == math.MaxInt {
+		want = fmt.Sprintf("want an integer >= %d", min)
+	}
 	return Setting[int]{Name: name, Default: def, parse: func(v string) (int, error) {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < min {
-			return 0, fmt.Errorf("want an integer >= %d", min)
+		if err != nil || n < min || n > max {
+			return 0, errors.New(want)
 		}
 		return n, nil
 	}}
@@ -152,7 +162,7 @@ var (
 	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", DefaultLogLevel)
 	EnvStreamReplicas        = Register("ORDERPIPE_STREAM_REPLICAS", "replicas of the ORDERS stream (1, 3 or 5)", strconv.Itoa(DefaultStreamReplicas))
 	EnvOTLPEndpoint          = Register("OTEL_EXPORTER_OTLP_ENDPOINT", "OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318); unset: traces are not exported", "unset")
-	EnvDBMaxConns            = IntSetting("ORDERPIPE_DB_MAX_CONNS", "PostgreSQL connections one process may open (a pool_max_conns parameter in DATABASE_URL wins)", DefaultDBMaxConns, 1)
+	EnvDBMaxConns            = IntSettingBetween("ORDERPIPE_DB_MAX_CONNS", "PostgreSQL connections one process may open, at most "+strconv.Itoa(MaxDBMaxConns)+" (a pool_max_conns parameter in DATABASE_URL wins)", DefaultDBMaxConns, 1, MaxDBMaxConns)
 	EnvShutdownTimeout       = Register("ORDERPIPE_SHUTDOWN_TIMEOUT", "how long a process drains in-flight work on SIGTERM", FormatDuration(DefaultShutdownTimeout))
 )
 
@@ -171,6 +181,9 @@ const (
 	// flush, which costs no CPU (pgx's own default, max(4, cores), starved
 	// `dev`'s one process; docs/benchmarks.md has the measurements).
 	DefaultDBMaxConns = 32
+	// MaxDBMaxConns bounds ORDERPIPE_DB_MAX_CONNS: far above what one
+	// PostgreSQL server accepts, far below what a pool can count.
+	MaxDBMaxConns = 10000
 )
 
 // Config is what every process reads from the environment. Parts read

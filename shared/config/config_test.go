@@ -36,6 +36,8 @@ func TestMalformed(t *testing.T) {
 		{EnvPSPURL, "http://"},
 		{EnvPSPURL, "//psp:8090"},
 		{EnvDBMaxConns.Name, "0"},
+		{EnvDBMaxConns.Name, "10001"},
+		{EnvDBMaxConns.Name, "4294967297"}, // a pool of 1 once truncated to int32
 		{EnvDevNATSSyncAlways, "sometimes"},
 	}
 	for _, c := range cases {

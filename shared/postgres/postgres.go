@@ -124,6 +124,9 @@ func OpenSized(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, er
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
 	}
+	if maxConns > config.MaxDBMaxConns {
+		return nil, fmt.Errorf("a pool of %d connections: want at most %d (%s)", maxConns, config.MaxDBMaxConns, config.EnvDBMaxConns)
+	}
 	if maxConns > 0 && !strings.Contains(url, "pool_max_conns=") {
 		cfg.MaxConns = int32(maxConns)
 	}

@@ -418,4 +418,9 @@ func TestOpenSized(t *testing.T) {
 	if _, err := postgres.OpenSized(ctx, "postgres://x/?pool_max_conns=zero", 4); err == nil || !strings.Contains(err.Error(), "DATABASE_URL") {
 		t.Errorf("malformed pool_max_conns: %v", err)
 	}
+	// More than a pool can hold is refused, not truncated (to 1, here).
+	if pool, err := postgres.OpenSized(ctx, db.URL, 1<<32+1); err == nil {
+		t.Errorf("OpenSized(url, 1<<32+1): a pool of %d, want an error", pool.Config().MaxConns)
+		pool.Close()
+	}
 }
