@@ -23,7 +23,13 @@ import (
 // chaos`) when the flags are not given.
 var (
 	envChaosSeed = config.Register("CHAOS_SEED", "seed of `orderpipe chaos` (replays a run's fault schedule)", "random, printed first")
-	envChaosTime = config.Register("CHAOS_TIME", "how long `orderpipe chaos` injects faults", "60s")
+	envChaosTime = config.DurationSettingBetween("CHAOS_TIME", "how long `orderpipe chaos` injects faults, 1s to 24h", 60*time.Second, minChaosTime, maxChaosTime)
+)
+
+// The bounds of CHAOS_TIME and --time.
+const (
+	minChaosTime = time.Second
+	maxChaosTime = 24 * time.Hour
 )
 
 // chaosCommand is `orderpipe chaos`: the randomized fault checker.
@@ -40,7 +46,7 @@ func chaosCommand() cli.Command {
 		Name:    "chaos",
 		Summary: "run the whole pipeline as separate processes on a 3-node NATS cluster, inject random faults from a seed, then check every invariant on every order",
 		Usage:   "[--seed N] [--time 60s] [--quiesce 4m] [--clients 8] [--dir DIR] [--json]",
-		Env:     []string{envChaosSeed, envChaosTime},
+		Env:     []string{envChaosSeed, envChaosTime.Name},
 		Setup: func(fs *flag.FlagSet) {
 			fs.Uint64Var(&seed, "seed", 0, "seed of the fault schedule (default $CHAOS_SEED, else random)")
 			fs.DurationVar(&dur, "time", 0, "how long to inject faults (default $CHAOS_TIME, else 60s)")
@@ -65,17 +71,13 @@ func chaosCommand() cli.Command {
 				}
 			}
 			if !set["time"] {
-				dur = 60 * time.Second
-				if v := os.Getenv(envChaosTime); v != "" {
-					d, err := time.ParseDuration(v)
-					if err != nil {
-						return cli.Usagef("%s must be a duration such as 60s or 30m, got %q", envChaosTime, v)
-					}
-					dur = d
+				var err error
+				if dur, err = envChaosTime.Get(); err != nil {
+					return cli.Usagef("%v", err)
 				}
 			}
-			if dur <= 0 || dur > 24*time.Hour {
-				return cli.Usagef("--time must be between 1s and 24h, got %s", dur)
+			if dur < minChaosTime || dur > maxChaosTime {
+				return cli.Usagef("--time must be between %s and %s, got %s", config.FormatDuration(minChaosTime), config.FormatDuration(maxChaosTime), dur)
 			}
 			if quiesce <= 0 {
 				return cli.Usagef("--quiesce must be positive, got %s", quiesce)

@@ -22,6 +22,10 @@ func TestChaosCommandsRefuseBadInput(t *testing.T) {
 	}{
 		{[]string{"chaos", "--time", "0s"}, "--time"},
 		{[]string{"chaos", "--time", "48h"}, "--time"},
+		// --clients 0 after a value that must be refused first: a build
+		// that let the value through stops there instead of running chaos.
+		{[]string{"chaos", "--time", "500ms", "--clients", "0"}, "--time must be between 1s and 24h, got 500ms"},
+		{[]string{"chaos", "--time", "1ns", "--clients", "0"}, "--time must be between 1s and 24h, got 1ns"},
 		{[]string{"chaos", "--clients", "0"}, "--clients"},
 		{[]string{"chaos", "--quiesce", "-1s"}, "--quiesce"},
 		{[]string{"chaos", "extra"}, "no arguments"},
@@ -45,9 +49,11 @@ func TestChaosCommandsRefuseBadInput(t *testing.T) {
 		t.Errorf("CHAOS_SEED=minus-one: exit %d, stderr %q", code, errOut)
 	}
 	t.Setenv("CHAOS_SEED", "")
-	t.Setenv("CHAOS_TIME", "soon")
-	if code, _, errOut := orderpipe(t, "chaos"); code != 2 || !strings.Contains(errOut, "CHAOS_TIME") {
-		t.Errorf("CHAOS_TIME=soon: exit %d, stderr %q", code, errOut)
+	for _, v := range []string{"soon", "-5s", "500ms", "25h"} {
+		t.Setenv("CHAOS_TIME", v)
+		if code, _, errOut := orderpipe(t, "chaos", "--clients", "0"); code != 2 || !strings.Contains(errOut, "CHAOS_TIME") || !strings.Contains(errOut, `"`+v+`"`) || strings.Contains(errOut, "--time must") {
+			t.Errorf("CHAOS_TIME=%s: exit %d, stderr %q; want 2 naming CHAOS_TIME and the value", v, code, errOut)
+		}
 	}
 }
 

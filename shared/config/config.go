@@ -100,6 +100,19 @@ func durationSetting(name, meaning string, def time.Duration, zero bool) Setting
 	}}
 }
 
+// DurationSettingBetween registers a duration variable from min to max.
+func DurationSettingBetween(name, meaning string, def, min, max time.Duration) Setting[time.Duration] {
+	Register(name, meaning, FormatDuration(def))
+	want := fmt.Sprintf("want a duration between %s and %s", FormatDuration(min), FormatDuration(max))
+	return Setting[time.Duration]{Name: name, Default: def, parse: func(v string) (time.Duration, error) {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < min || d > max {
+			return 0, errors.New(want)
+		}
+		return d, nil
+	}}
+}
+
 // IntSetting registers an integer variable of at least min.
 func IntSetting(name, meaning string, def, min int) Setting[int] {
 	return IntSettingBetween(name, meaning, def, min, math.MaxInt)

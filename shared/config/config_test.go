@@ -75,6 +75,8 @@ func TestRequire(t *testing.T) {
 func TestSettings(t *testing.T) {
 	d := DurationSetting("ORDERPIPE_TEST_SETTING_D", "a test duration", 15*time.Minute)
 	n := IntSetting("ORDERPIPE_TEST_SETTING_N", "a test integer", 8, 2)
+	db := DurationSettingBetween("ORDERPIPE_TEST_SETTING_DB", "a bounded test duration", time.Minute, time.Second, 24*time.Hour)
+	nb := IntSettingBetween("ORDERPIPE_TEST_SETTING_NB", "a bounded test integer", 8, 1, 100)
 	doc := map[string]string{}
 	for _, v := range Vars() {
 		doc[v.Name] = v.Default
@@ -100,6 +102,28 @@ func TestSettings(t *testing.T) {
 	} {
 		if err := bad.get(); err == nil || !strings.Contains(err.Error(), bad.s.String()) {
 			t.Errorf("malformed %s: %v", bad.s, err)
+		}
+	}
+	for v, want := range map[string]time.Duration{"": time.Minute, "1s": time.Second, "24h": 24 * time.Hour} {
+		if got, err := db.lookup(lookup(map[string]string{db.Name: v})); err != nil || got != want {
+			t.Errorf("%s=%q: %s, %v; want %s", db.Name, v, got, err, want)
+		}
+	}
+	for _, v := range []string{"1ms", "0.5s", "25h", "soon", "-1s", "0"} {
+		_, err := db.lookup(lookup(map[string]string{db.Name: v}))
+		if want := db.Name + `: want a duration between 1s and 24h, got "` + v + `"`; err == nil || err.Error() != want {
+			t.Errorf("%s=%q: %v, want %q", db.Name, v, err, want)
+		}
+	}
+	for v, want := range map[string]int{"": 8, "1": 1, "100": 100} {
+		if got, err := nb.lookup(lookup(map[string]string{nb.Name: v})); err != nil || got != want {
+			t.Errorf("%s=%q: %d, %v; want %d", nb.Name, v, got, err, want)
+		}
+	}
+	for _, v := range []string{"0", "101", "4294967297", "x"} {
+		_, err := nb.lookup(lookup(map[string]string{nb.Name: v}))
+		if want := nb.Name + `: want an integer between 1 and 100, got "` + v + `"`; err == nil || err.Error() != want {
+			t.Errorf("%s=%q: %v, want %q", nb.Name, v, err, want)
 		}
 	}
 	for in, want := range map[time.Duration]string{5 * time.Second: "5s", 15 * time.Minute: "15m", 2 * time.Hour: "2h", 90 * time.Second: "1m30s"} {

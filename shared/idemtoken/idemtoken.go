@@ -41,15 +41,18 @@ import (
 	"orderpipe/shared/postgres"
 )
 
-// EnvTTL is the time to live of an issued token.
-var EnvTTL = config.DurationSetting("ORDERPIPE_TOKEN_TTL", "time to live of a server-issued idempotency token (POST /v1/idempotency-tokens, MCP new_order_token)", DefaultTTL)
+// EnvTTL is the time to live of an issued token, from MinTTL to MaxTTL.
+var EnvTTL = config.DurationSettingBetween("ORDERPIPE_TOKEN_TTL", "time to live of a server-issued idempotency token (POST /v1/idempotency-tokens, MCP new_order_token), 1s to 24h", DefaultTTL, MinTTL, MaxTTL)
 
 // DefaultTTL is a token's time to live: long enough for a slow user's or
 // agent's retries, short enough that dead tokens do not pile up.
 const DefaultTTL = 15 * time.Minute
 
-// MaxTTL bounds ORDERPIPE_TOKEN_TTL.
-const MaxTTL = 24 * time.Hour
+// MinTTL and MaxTTL bound ORDERPIPE_TOKEN_TTL.
+const (
+	MinTTL = time.Second
+	MaxTTL = 24 * time.Hour
+)
 
 // DefaultRetention is how long an expired unused token is kept (answering
 // ErrExpired rather than ErrUnknown, and counted as expired) before the
@@ -108,17 +111,8 @@ type Token struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
-// TTLFromEnv reads ORDERPIPE_TOKEN_TTL (a positive duration up to MaxTTL).
-func TTLFromEnv() (time.Duration, error) {
-	ttl, err := EnvTTL.Get()
-	if err != nil {
-		return 0, err
-	}
-	if ttl <= 0 || ttl > MaxTTL {
-		return 0, fmt.Errorf("%s must be between 1s and %s, got %s", EnvTTL.Name, MaxTTL, ttl)
-	}
-	return ttl, nil
-}
+// TTLFromEnv reads ORDERPIPE_TOKEN_TTL (from MinTTL to MaxTTL).
+func TTLFromEnv() (time.Duration, error) { return EnvTTL.Get() }
 
 // Issue stores a new unused token of clientID that expires after ttl.
 func Issue(ctx context.Context, db postgres.DB, clientID uuid.UUID, ttl time.Duration) (Token, error) {
