@@ -354,9 +354,22 @@ func TestCommandRefusesBadFlags(t *testing.T) {
 		[]string{"--decline-rate", "0.6", "--error-rate", "0.6"},
 		[]string{"--latency", "-1s"},
 		[]string{"--hang", "-1s"},
+		[]string{"--hang", "0"},
+		[]string{"--in-flight-timeout", "0s"},
+		[]string{"--in-flight-timeout", "-1s"},
+		[]string{"--hang", "1s", "--hang", "2s"},
 		[]string{"--addr", "nonsense"},
 		[]string{"extra-argument"},
 	)
+	// Every flag is in the usage line.
+	cmd := pspserver.Command()
+	fs := flag.NewFlagSet("psp", flag.ContinueOnError)
+	cmd.Setup(fs)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(cmd.Usage, "[--"+f.Name+" ") {
+			t.Errorf("the usage line %q lacks --%s", cmd.Usage, f.Name)
+		}
+	})
 	for _, args := range [][]string{{"--latency", "soon"}, {"--seed", "-1"}, {"--nope"}} {
 		cmd := pspserver.Command()
 		fs := flag.NewFlagSet("psp", flag.ContinueOnError)

@@ -25,8 +25,8 @@ func (f *flags) setup(fs *flag.FlagSet) {
 	fs.Float64Var(&f.opts.DeclineRate, "decline-rate", 0, "share of new charges declined with 402 (0-1)")
 	fs.Float64Var(&f.opts.ErrorRate, "error-rate", 0, "share of new charges, refunds and voids answered 500 without effect (0-1)")
 	fs.Float64Var(&f.opts.TimeoutRate, "timeout-rate", 0, `share of new charges that are charged and then not answered ("charge then time out", 0-1)`)
-	fs.DurationVar(&f.opts.Hang, "hang", 30*time.Second, `how long a "charge then time out" holds the connection before dropping it`)
-	fs.DurationVar(&f.opts.InFlightTimeout, "in-flight-timeout", 30*time.Second, "a key in flight for longer is taken to be abandoned and decided afresh")
+	fs.DurationVar(&f.opts.Hang, "hang", 30*time.Second, `how long a "charge then time out" holds the connection before dropping it (positive)`)
+	fs.DurationVar(&f.opts.InFlightTimeout, "in-flight-timeout", 30*time.Second, "a key in flight for longer is taken to be abandoned and decided afresh (positive)")
 	fs.Uint64Var(&f.opts.Seed, "seed", 0, "seed of the random outcomes (0: random)")
 }
 
@@ -36,7 +36,7 @@ func Command() cli.Command {
 	return cli.Command{
 		Name:    "psp",
 		Summary: "run the payment provider stand-in (charges and refunds with Idempotency-Key semantics, kept in PostgreSQL)",
-		Usage:   "[--addr HOST:PORT] [--latency D] [--decline-rate R] [--error-rate R] [--timeout-rate R] [--hang D] [--seed N]",
+		Usage:   "[--addr HOST:PORT] [--latency D] [--decline-rate R] [--error-rate R] [--timeout-rate R] [--hang D] [--in-flight-timeout D] [--seed N]",
 		Env:     []string{config.EnvDatabaseURL, config.EnvLogFormat, config.EnvLogLevel, config.EnvShutdownTimeout},
 		Setup:   f.setup,
 		Run: func(ctx context.Context, inv cli.Invocation) error {
@@ -45,6 +45,11 @@ func Command() cli.Command {
 			}
 			if err := f.opts.Validate(); err != nil {
 				return cli.Usagef("%v", err)
+			}
+			// 0 in Options means the default; on the command line, whose
+			// defaults are shown, it would be taken for 30s silently.
+			if f.opts.Hang == 0 || f.opts.InFlightTimeout == 0 {
+				return cli.Usagef("--hang and --in-flight-timeout must be positive, got %s and %s", f.opts.Hang, f.opts.InFlightTimeout)
 			}
 			if _, _, err := net.SplitHostPort(f.addr); err != nil {
 				return cli.Usagef("--addr: %v", err)
