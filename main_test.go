@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"orderpipe/consumers"
+	"orderpipe/consumers/webhook"
 	"orderpipe/shared/config"
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/order"
@@ -248,6 +250,39 @@ func TestBadEnvironment(t *testing.T) {
 				if out != "" || !strings.Contains(errOut, "bad environment") || !strings.Contains(errOut, tc.name) || !strings.Contains(errOut, tc.value) {
 					t.Errorf("orderpipe %v with %s=%s: want a message naming the variable and value on stderr; stdout %q stderr %q", args, tc.name, tc.value, out, errOut)
 				}
+			}
+		})
+	}
+}
+
+// `orderpipe consumers` reads and checks its own settings, the webhook
+// worker's too, before it connects to anything: a bad value is exit 2
+// naming it, not a connection error. -h lists them.
+func TestConsumersCheckTheirSettingsFirst(t *testing.T) {
+	cleanEnv(t)
+	_, help, _ := orderpipe(t, "consumers", "-h")
+	for _, n := range []string{webhook.EnvConcurrency.Name, webhook.EnvPerClient.Name, webhook.EnvTimeout.Name, consumers.EnvWorkers.Name} {
+		if !strings.Contains(help, "  "+n+" ") {
+			t.Errorf("consumers -h does not list %s:\n%s", n, help)
+		}
+	}
+	for _, tc := range []struct{ name, value string }{
+		{webhook.EnvTimeout.Name, "soon"},
+		{webhook.EnvTimeout.Name, "0"},
+		{webhook.EnvConcurrency.Name, "0"},
+		{webhook.EnvPerClient.Name, "33"}, // more than ORDERPIPE_WEBHOOK_CONCURRENCY's 32
+		{consumers.EnvWorkers.Name, "0"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			cleanEnv(t)
+			closed := strconv.Itoa(testenv.ClosedPort(t))
+			t.Setenv(config.EnvDatabaseURL, "postgres://postgres@127.0.0.1:"+closed+"/x?sslmode=disable&connect_timeout=2")
+			t.Setenv(config.EnvNATSURL, "nats://127.0.0.1:"+closed)
+			t.Setenv(config.EnvPSPURL, "http://127.0.0.1:"+closed)
+			t.Setenv(tc.name, tc.value)
+			code, out, errOut := orderpipe(t, "consumers")
+			if code != 2 || out != "" || !strings.Contains(errOut, tc.name) || !strings.Contains(errOut, tc.value) || strings.Contains(errOut, "connect to PostgreSQL") || strings.Contains(errOut, "dial") {
+				t.Errorf("exit %d, stdout %q, stderr %q; want 2 naming %s=%s before any connection", code, out, errOut, tc.name, tc.value)
 			}
 		})
 	}

@@ -29,14 +29,17 @@ func Command() cli.Command {
 		Name:    "consumers",
 		Summary: "run the pipeline steps (stock, payment, confirmation) on durable JetStream consumers",
 		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, psp.EnvTimeout.Name, redelivery.EnvAckWait.Name, redelivery.EnvMaxDeliver.Name,
-			EnvWorkers.Name, config.EnvStreamReplicas, config.EnvShutdownTimeout),
+			EnvWorkers.Name, webhook.EnvConcurrency.Name, webhook.EnvPerClient.Name, webhook.EnvTimeout.Name, config.EnvStreamReplicas, config.EnvShutdownTimeout),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
 				return cli.Usagef("consumers takes no arguments, got %q", inv.Args)
 			}
+			// Every setting is read before any connection: a bad one is a
+			// bad environment (exit 2), not a failure after connecting.
 			cfg, err := ConfigFromEnv(inv.Config.ShutdownTimeout)
-			if err != nil {
-				return err
+			hooks, herr := webhook.SettingsFromEnv()
+			if err := errors.Join(err, herr); err != nil {
+				return cli.Usagef("bad environment:\n%v", err)
 			}
 			if err := inv.Config.Require(config.EnvDatabaseURL, config.EnvNATSURL, config.EnvPSPURL); err != nil {
 				return err
@@ -62,10 +65,7 @@ func Command() cli.Command {
 			defer cancel()
 			// The webhook delivery worker runs beside the steps; a slow
 			// receiver only ever holds its own delivery slots.
-			waitHooks, err := webhook.Start(ctx, env)
-			if err != nil {
-				return err
-			}
+			waitHooks := hooks.Start(ctx, env)
 			defer func() { _ = waitHooks() }()
 			mux := http.NewServeMux()
 			env.Mount(mux)

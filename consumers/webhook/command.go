@@ -22,47 +22,71 @@ import (
 // Environment variables of the delivery worker.
 var (
 	EnvConcurrency = config.IntSetting("ORDERPIPE_WEBHOOK_CONCURRENCY", "most webhook sends in flight per process", 32, 1)
-	EnvPerClient   = config.IntSetting("ORDERPIPE_WEBHOOK_PER_CLIENT", "most webhook sends in flight per client per process (a slow receiver holds no more)", 4, 1)
+	EnvPerClient   = config.IntSetting("ORDERPIPE_WEBHOOK_PER_CLIENT", "most webhook sends in flight per client per process (a slow receiver holds no more), at most ORDERPIPE_WEBHOOK_CONCURRENCY (unset: 4, or that if lower)", 4, 1)
 	EnvTimeout     = config.DurationSetting("ORDERPIPE_WEBHOOK_TIMEOUT", "bound on one webhook request: connect, TLS, send, answer", 10*time.Second)
 )
 
-// WorkerFromEnv returns a worker configured from the environment and env's
+// Settings are the delivery worker's environment settings.
+type Settings struct {
+	// Concurrency is ORDERPIPE_WEBHOOK_CONCURRENCY.
+	Concurrency int
+	// PerClient is ORDERPIPE_WEBHOOK_PER_CLIENT, at most Concurrency.
+	PerClient int
+	// Timeout is ORDERPIPE_WEBHOOK_TIMEOUT.
+	Timeout time.Duration
+}
+
+// SettingsFromEnv reads the worker's settings, so that a process can check
+// them before it connects to anything; the error names every malformed
+// variable. A per-client bound set above the concurrency is refused; left
+// unset, it is lowered to a concurrency below its default.
+func SettingsFromEnv() (Settings, error) {
+	var s Settings
+	err := errors.Join(EnvConcurrency.Into(&s.Concurrency), EnvPerClient.Into(&s.PerClient), EnvTimeout.Into(&s.Timeout))
+	if err != nil {
+		return Settings{}, err
+	}
+	if s.PerClient > s.Concurrency {
+		if EnvPerClient.IsSet() {
+			return Settings{}, fmt.Errorf("%s: want at most %s (%d), got %d", EnvPerClient, EnvConcurrency, s.Concurrency, s.PerClient)
+		}
+		s.PerClient = s.Concurrency
+	}
+	return s, nil
+}
+
+// Worker returns a worker with these settings on env's pool, logger and
 // config (AllowPrivateCallbacks).
-func WorkerFromEnv(env *app.Env) (*Worker, error) {
-	conc, err := EnvConcurrency.Get()
-	if err != nil {
-		return nil, err
-	}
-	per, err := EnvPerClient.Get()
-	if err != nil {
-		return nil, err
-	}
-	timeout, err := EnvTimeout.Get()
-	if err != nil {
-		return nil, err
-	}
+func (s Settings) Worker(env *app.Env) *Worker {
 	return &Worker{
 		Pool:         env.Pool,
 		Logger:       env.Logger.With("part", "webhooks"),
-		Client:       NewClient(ClientOptions{AllowPrivate: env.Config.AllowPrivateCallbacks, Timeout: timeout}),
+		Client:       NewClient(ClientOptions{AllowPrivate: env.Config.AllowPrivateCallbacks, Timeout: s.Timeout}),
 		AllowPrivate: env.Config.AllowPrivateCallbacks,
-		Concurrency:  conc,
-		PerClient:    per,
-		Lease:        2*timeout + 30*time.Second,
-	}, nil
+		Concurrency:  s.Concurrency,
+		PerClient:    s.PerClient,
+		Lease:        2*s.Timeout + 30*time.Second,
+	}
 }
 
-// Start runs a worker from the environment in the background (for the
-// consumers process and `orderpipe dev`); wait returns once ctx ended and
-// the sends in flight were recorded.
+// Start runs a worker with these settings in the background (for the
+// consumers process); wait returns once ctx ended and the sends in flight
+// were recorded.
+func (s Settings) Start(ctx context.Context, env *app.Env) (wait func() error) {
+	w := s.Worker(env)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return func() error { return <-done }
+}
+
+// Start runs a worker with the settings of the environment in the
+// background (for `orderpipe dev`), as Settings.Start does.
 func Start(ctx context.Context, env *app.Env) (wait func() error, err error) {
-	w, err := WorkerFromEnv(env)
+	s, err := SettingsFromEnv()
 	if err != nil {
 		return nil, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	return func() error { return <-done }, nil
+	return s.Start(ctx, env), nil
 }
 
 // Command is `orderpipe webhooks list --order ID | resend WEBHOOK_ID`.

@@ -50,6 +50,8 @@ type Worker struct {
 	// Concurrency is the most sends in flight in this worker; default 32.
 	Concurrency int
 	// PerClient is the most sends in flight for one client; default 4.
+	// It is at most Concurrency: a larger value (the default too) is
+	// lowered to it. SettingsFromEnv refuses a larger one instead.
 	PerClient int
 	// Batch is the most rows one claim looks at; default 20.
 	Batch int

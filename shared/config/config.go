@@ -53,6 +53,13 @@ func (s Setting[T]) Get() (T, error) {
 	return s.lookup(os.LookupEnv)
 }
 
+// IsSet reports whether the variable is set to more than blanks (when it
+// is not, Get returns Default).
+func (s Setting[T]) IsSet() bool {
+	v, _ := os.LookupEnv(s.Name)
+	return strings.TrimSpace(v) != ""
+}
+
 // Into reads the variable into *dst as Get does and returns Get's error,
 // so that a reader of several variables can join the errors and report
 // every bad one at once.
