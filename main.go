@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"orderpipe/compensator"
 	"orderpipe/consumers"
@@ -51,6 +52,11 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) > 2 {
+			fmt.Fprintf(stderr, "orderpipe: help takes one command, got %q\n\n", strings.Join(args[1:], " "))
+			usage(stderr)
+			return 2
+		}
 		if len(args) > 1 {
 			return run([]string{args[1], "-h"}, stdout, stderr)
 		}

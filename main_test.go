@@ -119,13 +119,24 @@ func TestEveryCommandDescribesItself(t *testing.T) {
 
 func TestUnknownCommand(t *testing.T) {
 	cleanEnv(t)
-	for _, args := range [][]string{{"frobnicate"}, {"Migrate"}, {"--verbose"}, {""}, {"help", "frobnicate"}} {
-		code, out, errOut := orderpipe(t, args...)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"frobnicate"}, "unknown command"},
+		{[]string{"Migrate"}, "unknown command"},
+		{[]string{"--verbose"}, "unknown command"},
+		{[]string{""}, "unknown command"},
+		{[]string{"help", "frobnicate"}, "unknown command"},
+		{[]string{"help", "migrate", "extra", "junk"}, `help takes one command, got "migrate extra junk"`},
+		{[]string{"--help", "migrate", "up"}, `help takes one command, got "migrate up"`},
+	} {
+		code, out, errOut := orderpipe(t, c.args...)
 		if code != 2 {
-			t.Errorf("orderpipe %q: exit %d, want 2", args, code)
+			t.Errorf("orderpipe %q: exit %d, want 2", c.args, code)
 		}
-		if out != "" || !strings.Contains(errOut, "unknown command") || !strings.Contains(errOut, "Commands:") {
-			t.Errorf("orderpipe %q: want the complaint and the command list on stderr; stdout %q stderr %q", args, out, errOut)
+		if out != "" || !strings.Contains(errOut, c.want) || !strings.Contains(errOut, "Commands:") {
+			t.Errorf("orderpipe %q: want %q and the command list on stderr; stdout %q stderr %q", c.args, c.want, out, errOut)
 		}
 	}
 }
