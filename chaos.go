@@ -22,7 +22,7 @@ import (
 // envChaosSeed and envChaosTime are read by `orderpipe chaos` (and `make
 // chaos`) when the flags are not given.
 var (
-	envChaosSeed = config.Register("CHAOS_SEED", "seed of `orderpipe chaos` (replays a run's fault schedule)", "random, printed first")
+	envChaosSeed = config.Register("CHAOS_SEED", "seed of `orderpipe chaos`, a positive integer (replays a run's fault schedule)", "random, printed first")
 	envChaosTime = config.DurationSettingBetween("CHAOS_TIME", "how long `orderpipe chaos` injects faults, 1s to 24h", 60*time.Second, minChaosTime, maxChaosTime)
 )
 
@@ -48,7 +48,7 @@ func chaosCommand() cli.Command {
 		Usage:   "[--seed N] [--time 60s] [--quiesce 4m] [--clients 8] [--dir DIR] [--json]",
 		Env:     []string{envChaosSeed, envChaosTime.Name},
 		Setup: func(fs *flag.FlagSet) {
-			fs.Uint64Var(&seed, "seed", 0, "seed of the fault schedule (default $CHAOS_SEED, else random)")
+			fs.Uint64Var(&seed, "seed", 0, "seed of the fault schedule, a positive integer (default $CHAOS_SEED, else random)")
 			fs.DurationVar(&dur, "time", 0, "how long to inject faults (default $CHAOS_TIME, else 60s)")
 			fs.DurationVar(&quiesce, "quiesce", 4*time.Minute, "bound on the wait for every order to settle after the faults")
 			fs.IntVar(&clients, "clients", 8, "concurrent clients")
@@ -61,11 +61,16 @@ func chaosCommand() cli.Command {
 			}
 			set := map[string]bool{}
 			inv.Flags.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			// 0 is the seed that chaos.Run takes for "pick one at random":
+			// given, it would be ignored.
+			if set["seed"] && seed == 0 {
+				return cli.Usagef("--seed must be a positive integer (leave it out for a random one), got 0")
+			}
 			if !set["seed"] {
 				if v := os.Getenv(envChaosSeed); v != "" {
 					n, err := strconv.ParseUint(v, 10, 64)
-					if err != nil {
-						return cli.Usagef("%s must be a positive integer, got %q", envChaosSeed, v)
+					if err != nil || n == 0 {
+						return cli.Usagef("%s must be a positive integer (unset: random), got %q", envChaosSeed, v)
 					}
 					seed = n
 				}

@@ -26,6 +26,7 @@ func TestChaosCommandsRefuseBadInput(t *testing.T) {
 		// that let the value through stops there instead of running chaos.
 		{[]string{"chaos", "--time", "500ms", "--clients", "0"}, "--time must be between 1s and 24h, got 500ms"},
 		{[]string{"chaos", "--time", "1ns", "--clients", "0"}, "--time must be between 1s and 24h, got 1ns"},
+		{[]string{"chaos", "--seed", "0", "--clients", "0"}, "--seed must be a positive integer"},
 		{[]string{"chaos", "--clients", "0"}, "--clients"},
 		{[]string{"chaos", "--quiesce", "-1s"}, "--quiesce"},
 		{[]string{"chaos", "extra"}, "no arguments"},
@@ -44,9 +45,11 @@ func TestChaosCommandsRefuseBadInput(t *testing.T) {
 			t.Errorf("orderpipe %v: exit %d, stderr %q; want 2 naming %q", tc.args, code, errOut, tc.want)
 		}
 	}
-	t.Setenv("CHAOS_SEED", "minus-one")
-	if code, _, errOut := orderpipe(t, "chaos"); code != 2 || !strings.Contains(errOut, "CHAOS_SEED") {
-		t.Errorf("CHAOS_SEED=minus-one: exit %d, stderr %q", code, errOut)
+	for _, v := range []string{"minus-one", "-1", "0", "18446744073709551616"} {
+		t.Setenv("CHAOS_SEED", v)
+		if code, _, errOut := orderpipe(t, "chaos", "--clients", "0"); code != 2 || !strings.Contains(errOut, "CHAOS_SEED must be a positive integer") || !strings.Contains(errOut, `"`+v+`"`) {
+			t.Errorf("CHAOS_SEED=%s: exit %d, stderr %q", v, code, errOut)
+		}
 	}
 	t.Setenv("CHAOS_SEED", "")
 	for _, v := range []string{"soon", "-5s", "500ms", "25h"} {
