@@ -119,8 +119,8 @@ func runList(ctx context.Context, inv cli.Invocation) error {
 		return cli.Usagef("webhooks list: --order is required")
 	}
 	id, err := uuid.Parse(*order)
-	if err != nil {
-		return cli.Usagef("webhooks list: --order %q is not a UUID", *order)
+	if err != nil || id == uuid.Nil {
+		return cli.Usagef("webhooks list: --order %q is not an order id (a UUID)", *order)
 	}
 	return cli.WithPool(ctx, inv, func(q *pgxpool.Pool) error {
 		ds, err := List(ctx, q, id)

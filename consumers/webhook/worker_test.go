@@ -333,6 +333,8 @@ func TestCommandRefusesMalformedArguments(t *testing.T) {
 		{"list"},
 		{"list", "--order"},
 		{"list", "--order", "not-a-uuid"},
+		{"list", "--order", uuid.Nil.String()},
+		{"list", "--order", uuid.NewString(), "--order", uuid.NewString()},
 		{"list", "--order", uuid.NewString(), "extra"},
 		{"list", "--nope"},
 		{"resend"},
