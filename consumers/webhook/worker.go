@@ -369,8 +369,11 @@ func (w *Worker) send(ctx context.Context, c claimed) {
 		status = StatusPending
 		wait = jitter(w.Schedule[attempt-1])
 	}
+	// An attempt the address guard refused is "refused" while it is
+	// retried; the one that gives the delivery up is "failed", whatever
+	// the cause, so that the failed deliveries are all counted there.
 	outcome := map[Status]string{StatusDelivered: "delivered", StatusPending: "retry", StatusFailed: "failed"}[status]
-	if errors.Is(r.Err, ErrForbiddenAddress) || errors.Is(r.Err, ErrForbiddenURL) {
+	if status == StatusPending && (errors.Is(r.Err, ErrForbiddenAddress) || errors.Is(r.Err, ErrForbiddenURL)) {
 		outcome = "refused"
 	}
 	metrics.WebhookDeliveries.WithLabelValues(outcome).Inc()

@@ -17,11 +17,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"orderpipe/consumers/webhook"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/metrics"
 	"orderpipe/shared/order"
 	"orderpipe/shared/tenant"
 	"orderpipe/shared/tooling/testenv"
@@ -406,5 +408,27 @@ func TestTwoWorkersSendEachDeliveryOnce(t *testing.T) {
 		if rc.attempts[id] != 1 {
 			t.Errorf("%s sent %d times", id, rc.attempts[id])
 		}
+	}
+}
+
+// TestARefusedDeliveryCountsAsFailed: a delivery given up because its
+// callback may not be reached (a private address, refused at send time)
+// counts as failed in orderpipe_webhook_deliveries_total, as any delivery
+// given up does: the alert on failed deliveries must see it. Not parallel:
+// it reads process-wide counters.
+func TestARefusedDeliveryCountsAsFailed(t *testing.T) {
+	f := setup(t)
+	_, ids := f.enqueue(t, f.client, "https://127.0.0.1:1/hooks", 1)
+	failed := func() float64 { return testutil.ToFloat64(metrics.WebhookDeliveries.WithLabelValues("failed")) }
+	before := failed()
+	w := fastWorker(t, f.pool, webhook.NewClient(webhook.ClientOptions{}))
+	w.AllowPrivate = false
+	startWorker(t, w)
+	testenv.WaitFor(t, 20*time.Second, "the delivery given up", func() bool {
+		d, err := webhook.Get(t.Context(), f.pool, ids[0])
+		return err == nil && d.Status == webhook.StatusFailed
+	})
+	if got := failed() - before; got != 1 {
+		t.Fatalf("failed deliveries counted: %v, want 1", got)
 	}
 }
