@@ -233,6 +233,11 @@ func (p *Pipeline) correlation(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
+// errPastLastDelivery is the handler's answer to a delivery past the last
+// allowed one whose step is not done: no step runs, the message is
+// dead-lettered.
+var errPastLastDelivery = errors.New("no step run past the last allowed delivery")
+
 // poison dead-letters a message whose error is permanent, or whose last
 // allowed delivery (cfg.MaxDeliver) failed, and acks it; the order is left
 // to the compensator. Other errors pass through (nack, redelivered later).
@@ -240,19 +245,15 @@ func (p *Pipeline) correlation(h message.HandlerFunc) message.HandlerFunc {
 // A message is acked only once its dead letter is stored: when storing it
 // fails (PostgreSQL down), the message is nacked and comes back. A delivery
 // past cfg.MaxDeliver (the last allowed one could not store its dead
-// letter, or its process died) runs no step: it only stores the dead
-// letter.
+// letter, or its process died, or its ack was lost) runs no step: the
+// handler only checks the dedupe row (errPastLastDelivery when the step
+// is not done), and the message is dead-lettered or, done, acked.
 func (p *Pipeline) poison(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		delivered := metaInt(msg, metaDelivered)
-		var err error
-		if delivered > p.cfg.MaxDeliver {
-			err = fmt.Errorf("no step run past the last allowed delivery (%d), which ended without storing its dead letter (PostgreSQL unavailable, or its process stopped)", p.cfg.MaxDeliver)
-		} else {
-			var out []*message.Message
-			if out, err = h(msg); err == nil {
-				return out, nil
-			}
+		out, err := h(msg)
+		if err == nil {
+			return out, nil
 		}
 		name := message.HandlerNameFromCtx(msg.Context())
 		permanent := step.IsPermanent(err)
@@ -335,6 +336,9 @@ func (p *Pipeline) handler(st step.Step) message.NoPublishHandlerFunc {
 			metrics.HandlerMessages.WithLabelValues(st.Name, metrics.HandlerDuplicate).Inc()
 			Logger(ctx).DebugContext(ctx, "duplicate delivery, already processed")
 			return nil
+		}
+		if m.Delivered > p.cfg.MaxDeliver {
+			return step.Permanent(fmt.Errorf("%w (%d): it ended without its dead letter stored (PostgreSQL unavailable, or its process stopped)", errPastLastDelivery, p.cfg.MaxDeliver))
 		}
 		committed := false
 		commit := func(ctx context.Context, apply step.Apply) (bool, error) {

@@ -402,3 +402,44 @@ func TestADeadLetterIsStoredOncePerCopy(t *testing.T) {
 		t.Fatalf("%d dead letters, want 3", n)
 	}
 }
+
+// TestADeliveryPastTheLastFindsItsStepDone: a delivery past MaxDeliver
+// runs no step. When the step's dedupe row shows it done (its last
+// allowed delivery committed, then its ack was lost or its process died),
+// the message is acked with no dead letter; when not, it is dead-lettered.
+func TestADeliveryPastTheLastFindsItsStepDone(t *testing.T) {
+	t.Parallel()
+	e := pipetest.New(t, pspserver.Options{})
+	cfg := pipetest.Config()
+	cfg.MaxDeliver = 3
+	p, err := consumers.Build(e.App, cfg, e.Steps(time.Second)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	event := func() (orderevent.Event, []byte) {
+		ev := orderevent.Event{Version: orderevent.Version, Name: orderevent.Accepted, OrderID: uuid.New(), ClientID: e.ClientID,
+			RequestID: "req-1", Status: orderevent.Accepted.Status(), OccurredAt: time.Now().UTC()}
+		b, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev, b
+	}
+	done, b := event()
+	if _, err := e.DB.Pool.Exec(t.Context(), `INSERT INTO processed_messages (consumer, message_id) VALUES ('inventory', $1)`, done.MsgID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := consumers.Deliver(p, "inventory", b, cfg.MaxDeliver+1); err != nil {
+		t.Fatalf("a done message past its last delivery: %v, want it acked", err)
+	}
+	if dls := deadLetters(t, e); len(dls) != 0 {
+		t.Fatalf("a done message was dead-lettered: %+v", dls)
+	}
+	_, b = event()
+	if err := consumers.Deliver(p, "inventory", b, cfg.MaxDeliver+1); err != nil {
+		t.Fatalf("a message not done past its last delivery: %v, want it dead-lettered and acked", err)
+	}
+	if dls := deadLetters(t, e); len(dls) != 1 || !strings.Contains(dls[0].Error, "no step run past the last allowed delivery") {
+		t.Fatalf("dead letters %+v, want the message not done", dls)
+	}
+}

@@ -2,6 +2,7 @@ package consumers
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -47,4 +48,24 @@ func PutDeadLetter(ctx context.Context, env *app.Env, consumer, msgID string, st
 	msg.Metadata.Set(metaSubject, env.Topology.Subject(orderevent.Accepted))
 	msg.Metadata.Set(metaStreamSeq, strconv.FormatUint(streamSeq, 10))
 	return putDeadLetter(ctx, env.Pool, consumer, msg, "test", 2)
+}
+
+// Deliver hands the step named name one message with payload, as its
+// delivered-th delivery, through the poison middleware and the step's
+// handler (the router's chain without retries): nil means the message is
+// acked.
+func Deliver(p *Pipeline, name string, payload []byte, delivered int) error {
+	for _, st := range p.steps {
+		if st.Name != name {
+			continue
+		}
+		msg := message.NewMessage("deliver-test", payload)
+		msg.Metadata.Set(metaDelivered, strconv.Itoa(delivered))
+		msg.Metadata.Set(metaStreamSeq, "1")
+		msg.SetContext(context.Background())
+		h := p.handler(st)
+		_, err := p.poison(func(m *message.Message) ([]*message.Message, error) { return nil, h(m) })(msg)
+		return err
+	}
+	return errors.New("no step " + name)
 }
