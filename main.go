@@ -57,7 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			usage(stderr)
 			return 2
 		}
-		if len(args) > 1 {
+		if len(args) > 1 && args[1] != "help" && args[1] != "-h" && args[1] != "--help" {
 			return run([]string{args[1], "-h"}, stdout, stderr)
 		}
 		usage(stdout)

@@ -51,7 +51,7 @@ var wantCommands = []string{"dev", "migrate", "producer", "consumers", "compensa
 
 func TestHelpListsEveryCommandAndVariable(t *testing.T) {
 	cleanEnv(t)
-	for _, args := range [][]string{nil, {"help"}, {"-h"}, {"--help"}} {
+	for _, args := range [][]string{nil, {"help"}, {"-h"}, {"--help"}, {"help", "help"}, {"help", "-h"}, {"-h", "-h"}, {"--help", "help"}} {
 		code, out, errOut := orderpipe(t, args...)
 		if code != 0 || errOut != "" {
 			t.Fatalf("orderpipe %v: exit %d, stderr %q", args, code, errOut)
@@ -113,6 +113,18 @@ func TestEveryCommandDescribesItself(t *testing.T) {
 			if !documented[name] {
 				t.Errorf("command %s reads %s, which is not registered with config.Register (so `help` cannot explain it)", c.Name, name)
 			}
+		}
+	}
+}
+
+// TestHelpAfterAnAction: -h after a command's action prints the usage and
+// exits 0, as -h before it does.
+func TestHelpAfterAnAction(t *testing.T) {
+	cleanEnv(t)
+	for _, args := range [][]string{{"clients", "create", "-h"}, {"dlq", "list", "-h"}, {"bench", "intake", "-h"}, {"events", "tail", "-h"}, {"webhooks", "list", "-h"}, {"orders", "stats", "-h"}} {
+		code, out, errOut := orderpipe(t, args...)
+		if code != 0 || !strings.HasPrefix(out, "usage: orderpipe "+args[0]) {
+			t.Errorf("orderpipe %s: exit %d, want 0 and the usage on stdout; stdout %q stderr %q", strings.Join(args, " "), code, out, errOut)
 		}
 	}
 }

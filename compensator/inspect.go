@@ -49,7 +49,9 @@ func OrdersCommand() cli.Command {
 				fs := flag.NewFlagSet("orders stats", flag.ContinueOnError)
 				fs.SetOutput(io.Discard)
 				stuck := fs.Duration("stuck-after", DefaultStuckProcessing, "count an open order as stuck after this long without progress")
-				if err := cli.Parse(fs, args); err != nil {
+				if err := cli.Parse(fs, args); errors.Is(err, flag.ErrHelp) {
+					return err // the command's usage, exit 0
+				} else if err != nil {
 					return cli.Usagef("orders stats: %v", err)
 				}
 				if fs.NArg() > 0 {

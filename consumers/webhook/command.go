@@ -109,7 +109,9 @@ func runList(ctx context.Context, inv cli.Invocation) error {
 	fs.SetOutput(io.Discard)
 	order := fs.String("order", "", "order id (UUID)")
 	asJSON := fs.Bool("json", false, "print JSON, one delivery per line")
-	if err := cli.Parse(fs, inv.Args); err != nil {
+	if err := cli.Parse(fs, inv.Args); errors.Is(err, flag.ErrHelp) {
+		return err // the command's usage, exit 0
+	} else if err != nil {
 		return cli.Usagef("webhooks list: %v", err)
 	}
 	if fs.NArg() > 0 {

@@ -194,6 +194,10 @@ func Execute(cmd Command, args []string, stdout, stderr io.Writer) int {
 	switch {
 	case err == nil:
 		return 0
+	case errors.Is(err, flag.ErrHelp): // -h after an action (`clients create -h`)
+		fs.SetOutput(stdout)
+		printUsage()
+		return 0
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "orderpipe %s: %v\n\n", cmd.Name, err)
 		printUsage()
