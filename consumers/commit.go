@@ -114,7 +114,10 @@ func (c *committer) flush(batch []*commitJob) {
 // the batch's events from memory (the relay publishes them later if this
 // fails), the answers.
 func (c *committer) published(batch []*commitJob, fresh []bool, events []outbox.Row) {
-	ctx := batch[0].ctx
+	// The commit stands whatever became of the handler that led the batch
+	// (its context may have ended: a slow run at its bound), so its events
+	// go now; the publish is bounded by the relay's PublishTimeout.
+	ctx := context.WithoutCancel(batch[0].ctx)
 	var after error
 	n := 0
 	for i := range batch {

@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"orderpipe/consumers"
 	"orderpipe/consumers/step"
+	"orderpipe/shared/orderevent"
 	"orderpipe/shared/outbox"
 	"orderpipe/shared/tooling/testenv"
 )
@@ -245,4 +247,34 @@ func TestTwoReplicasOfAStepDoNotDeadlockOnDedupeRows(t *testing.T) {
 	if len(eff) != n || len(txs) != 1 {
 		t.Fatalf("%d effects in transactions %v; want each of the %d messages once, all in one replica's batch", len(eff), txs, n)
 	}
+}
+
+// TestACommittedBatchPublishesAfterItsContextEnded: the events a step's
+// batch committed are published inline, and stamped, even when the
+// context of the handler that led the batch ended meanwhile (a slow
+// payment run at its bound): the commit stands, so its events go now, not
+// seconds later through the relay (none runs in this test).
+func TestACommittedBatchPublishesAfterItsContextEnded(t *testing.T) {
+	t.Parallel()
+	db, c := groupCommitEnv(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var id int64
+	_, committed, err := c.Commit(ctx, "m1", func(actx context.Context, tx pgx.Tx) ([]outbox.Row, error) {
+		ev := orderevent.Event{Version: orderevent.Version, Name: orderevent.Reserved, OrderID: uuid.New(), ClientID: uuid.New(),
+			RequestID: "req-1", Status: orderevent.Reserved.Status(), OccurredAt: time.Now().UTC()}
+		rows, err := outbox.EnqueueMany(actx, tx, []outbox.Entry{{Ctx: actx, Event: ev}})
+		if len(rows) == 1 {
+			id = rows[0].ID
+		}
+		cancel() // the handler's context ends before the commit is answered
+		return rows, err
+	})
+	if err != nil || !committed {
+		t.Fatalf("commit: committed %v, %v", committed, err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the committed event published and stamped", func() bool {
+		var published bool
+		err := db.Pool.QueryRow(t.Context(), `SELECT published_at IS NOT NULL FROM outbox WHERE id = $1`, id).Scan(&published)
+		return err == nil && published
+	})
 }
