@@ -110,18 +110,15 @@ func TestSlowStepKeepsItsMessage(t *testing.T) {
 		t.Fatalf("payment ran %d times, delivered up to %d times; want once", runs.Load(), maxDelivered.Load())
 	}
 	e.CheckInvariants(t)
-	// The run is in the handler latency histogram, whose buckets reach the
-	// longest a run may take (with the default buckets, everything past
-	// 10 s fell into +Inf).
+	// The handler latency histogram's buckets reach the longest a run may
+	// take (with the default buckets, everything past 10 s fell into +Inf).
+	// Its samples are the process's, fed by the parallel tests too: only
+	// its buckets are checked.
 	var d dto.Metric
 	if err := metrics.HandlerDuration.WithLabelValues("payment").(prometheus.Histogram).Write(&d); err != nil {
 		t.Fatal(err)
 	}
-	h := d.GetHistogram()
-	if h.GetSampleCount() < 1 || h.GetSampleSum() < 2 {
-		t.Errorf("payment handler runs: %d observed, %.3f s in all; want the 2 s run", h.GetSampleCount(), h.GetSampleSum())
-	}
-	buckets := h.GetBucket()
+	buckets := d.GetHistogram().GetBucket()
 	if top, bound := buckets[len(buckets)-1].GetUpperBound(), redelivery.Default().MaxProcessing.Seconds(); top < bound {
 		t.Errorf("handler latency buckets end at %v s, short of a run's bound of %v s", top, bound)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -68,4 +69,17 @@ func Deliver(p *Pipeline, name string, payload []byte, delivered int) error {
 		return err
 	}
 	return errors.New("no step " + name)
+}
+
+// WaitSettled waits up to timeout until every in-flight message of p's
+// consumers was acked or nacked (after Run returned, a handler that
+// outlived the drain may still hold one).
+func WaitSettled(p *Pipeline, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, s := range p.subs {
+		if err := s.closeBy(deadline); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -287,6 +287,11 @@ func (s *subscriber) closeBy(deadline time.Time) error {
 	case <-done:
 		return nil
 	case <-t.C:
+		select {
+		case <-done: // settled as the deadline came
+			return nil
+		default:
+		}
 		return fmt.Errorf("consumer %s: in-flight messages not settled within the drain timeout (%s)", s.cc.Durable, s.cfg.DrainTimeout)
 	}
 }
