@@ -118,18 +118,6 @@ func TestStart(t *testing.T) {
 	}
 }
 
-// bearerTransport sends every request with an API key.
-type bearerTransport struct {
-	key  string
-	next http.RoundTripper
-}
-
-func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.key)
-	return b.next.RoundTrip(r)
-}
-
 // TestStopAnswersAWaitForOrder: stopping the producer answers a
 // wait_for_order in progress at once, as its wait had timed out (the order
 // as it is, timed_out true: the agent calls again, on another replica),
@@ -175,7 +163,7 @@ func TestStopAnswersAWaitForOrder(t *testing.T) {
 	t.Cleanup(tr.CloseIdleConnections)
 	// The session outlives the server: not t.Context(), which ends first.
 	cs, err := cl.Connect(context.Background(), &sdk.StreamableClientTransport{
-		Endpoint: h.srv.URL + mcp.Path, HTTPClient: &http.Client{Transport: bearerTransport{key: h.creds.APIKey, next: tr}},
+		Endpoint: h.srv.URL + mcp.Path, HTTPClient: &http.Client{Transport: testenv.BearerTransport{Key: h.creds.APIKey, Next: tr}},
 		MaxRetries: -1, DisableStandaloneSSE: true,
 	}, nil)
 	if err != nil {

@@ -119,17 +119,6 @@ func runHub(t *testing.T, hub *orderstream.Hub) {
 	testenv.Go(t, "hub", hub.Run)
 }
 
-type bearer struct {
-	key  string
-	next http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.key)
-	return b.next.RoundTrip(r)
-}
-
 // overHTTP serves the intake with the extra routes (events stream and
 // /mcp) and connects a client to /mcp with the harness's API key.
 func (h *harness) overHTTP(p *progress) (*sdk.ClientSession, *httptest.Server) {
@@ -152,7 +141,7 @@ func (h *harness) overHTTP(p *progress) (*sdk.ClientSession, *httptest.Server) {
 	// The session is closed by a cleanup, which t.Context() would precede.
 	cs, err := newClient(p).Connect(context.Background(), &sdk.StreamableClientTransport{
 		Endpoint:   srv.URL + mcp.Path,
-		HTTPClient: &http.Client{Transport: bearer{key: h.creds.APIKey, next: tr}},
+		HTTPClient: &http.Client{Transport: testenv.BearerTransport{Key: h.creds.APIKey, Next: tr}},
 		MaxRetries: -1,
 	}, nil)
 	if err != nil {

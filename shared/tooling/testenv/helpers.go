@@ -179,3 +179,17 @@ func Column[T any](t testing.TB, pool *pgxpool.Pool, sql string, args ...any) []
 	}
 	return v
 }
+
+// BearerTransport sends every request with Key as its bearer API key, over
+// Next: for clients that take an http.Client, not a header (the MCP SDK's).
+type BearerTransport struct {
+	Key  string
+	Next http.RoundTripper
+}
+
+// RoundTrip sends a copy of r with the Authorization header set.
+func (b BearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.Key)
+	return b.Next.RoundTrip(r)
+}
