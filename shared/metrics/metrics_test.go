@@ -57,6 +57,7 @@ func TestCompensatorGaugesAreExportedOnceSet(t *testing.T) {
 		}
 	}
 	CompensatorBrokerUp.Set(0)
+	t.Cleanup(CompensatorBrokerUp.vec.Reset) // unset again: the test can run twice in a process (-count)
 	if v, ok := exported()["orderpipe_compensator_broker_up"]; !ok || v != 0 {
 		t.Errorf("orderpipe_compensator_broker_up once set to 0: %v (exported %v)", v, ok)
 	}
