@@ -67,6 +67,15 @@ func orderAnswer(status int) func(w http.ResponseWriter) {
 	}
 }
 
+// jsonAnswer answers status with a JSON body as given.
+func jsonAnswer(status int, body string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body)
+	}
+}
+
 func hang(d time.Duration) func(w http.ResponseWriter) {
 	return func(w http.ResponseWriter) { time.Sleep(d); orderAnswer(202)(w) }
 }
@@ -88,13 +97,7 @@ var req = client.OrderRequest{UserID: 1, Items: []client.Item{{SKU: "A", Quantit
 // goes by the HTTP status and retries, as for a proxy's HTML page.
 func TestAGatewaysJSONIsNotAProblem(t *testing.T) {
 	t.Parallel()
-	gateway := func(body string) func(w http.ResponseWriter) {
-		return func(w http.ResponseWriter) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, body)
-		}
-	}
+	gateway := func(body string) func(w http.ResponseWriter) { return jsonAnswer(http.StatusServiceUnavailable, body) }
 	s := &script{answers: []func(http.ResponseWriter){
 		gateway(`{"code":503,"message":"no healthy upstream"}`), gateway(`{"code":14,"message":"unavailable"}`), orderAnswer(202),
 	}}
@@ -245,13 +248,7 @@ func TestGetOrder(t *testing.T) {
 // NewToken retries class 1 and an undecodable 201, and never class 2.
 func TestNewTokenRetriesOnlyWhatIsTransient(t *testing.T) {
 	t.Parallel()
-	tokenAnswer := func(body string) func(w http.ResponseWriter) {
-		return func(w http.ResponseWriter) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusCreated)
-			_, _ = io.WriteString(w, body)
-		}
-	}
+	tokenAnswer := func(body string) func(w http.ResponseWriter) { return jsonAnswer(http.StatusCreated, body) }
 	s := &script{answers: []func(w http.ResponseWriter){
 		problemAnswer(503, 101, "0"), tokenAnswer(`{"token":`), tokenAnswer(`{}`),
 		tokenAnswer(`{"token":"opt1.abc","expires_at":"2026-12-03T19:00:00Z"}`),
