@@ -19,7 +19,7 @@ import (
 // compensator, which must be given the consumers' values).
 var (
 	EnvAckWait    = config.DurationSetting("ORDERPIPE_CONSUMER_ACK_WAIT", "JetStream AckWait of the step consumers; in-progress acks go out every third of it", 30*time.Second)
-	EnvMaxDeliver = config.IntSetting("ORDERPIPE_CONSUMER_MAX_DELIVER", "deliveries of one message before it is dead-lettered", 8, 2)
+	EnvMaxDeliver = config.IntSetting("ORDERPIPE_CONSUMER_MAX_DELIVER", "deliveries of one message on which a step runs; a failing last one is dead-lettered", 8, 2)
 )
 
 // Policy is how one message is redelivered.
