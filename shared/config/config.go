@@ -174,7 +174,7 @@ var (
 	EnvDatabaseURL           = Register("DATABASE_URL", "PostgreSQL connection string", "dev: the managed local server")
 	EnvNATSURL               = Register("NATS_URL", "NATS server(s), comma-separated", "dev: the embedded server")
 	EnvHTTPAddr              = Register("HTTP_ADDR", "listen address of the part's HTTP server (intake API, or health and metrics)", DefaultHTTPAddr)
-	EnvPSPURL                = Register("PSP_URL", "base URL of the payment provider", "dev: the built-in stand-in")
+	EnvPSPURL                = Register("PSP_URL", "base URL of the payment provider (an http(s) URL)", "dev: the built-in stand-in")
 	EnvDataDir               = Register("ORDERPIPE_DATA_DIR", "where `dev` keeps its PostgreSQL and JetStream data", DefaultDataDir)
 	EnvDevNATSSyncAlways     = Register("ORDERPIPE_DEV_NATS_SYNC_ALWAYS", "`dev`'s embedded JetStream fsyncs every message before acknowledging it (sync_interval: always) instead of once a second", "off")
 	EnvAllowPrivateCallbacks = Register("ORDERPIPE_ALLOW_PRIVATE_CALLBACKS", "let callback URLs be http and point at private/loopback addresses (dev, tests)", "off")
