@@ -401,8 +401,11 @@ func TestConsumersStopWhenTheirAddressIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
-	cmd, out, done := startConsumers(t, e, ns, "HTTP_ADDR="+held.Addr().String())
-	exited, err := waitExit(t, cmd, done, 20*time.Second)
+	cmd, out, done := startConsumers(t, e, ns, "HTTP_ADDR="+held.Addr().String(), "ORDERPIPE_SHUTDOWN_TIMEOUT=5s")
+	// Generous: under a loaded machine the child's start (connections,
+	// provisioning) and its drain take a while; before the fix it never
+	// exited at all.
+	exited, err := waitExit(t, cmd, done, 60*time.Second)
 	if !exited {
 		t.Fatalf("consumers kept running without their HTTP address:\n%s", out.String())
 	}
