@@ -1,10 +1,13 @@
 package postgres_test
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"orderpipe/shared/postgres"
 	"orderpipe/shared/tooling/testenv"
@@ -99,5 +102,55 @@ func TestGenericRefusesATransaction(t *testing.T) {
 	}
 	if err := postgres.QueryGeneric(ctx, tx, func(pgx.Rows) error { return nil }, `SELECT 1`); err == nil || !strings.Contains(err.Error(), "not a transaction") {
 		t.Fatalf("QueryGeneric in a transaction = %v, want it refused", err)
+	}
+}
+
+// TestGenericPlansWarnNothing: ExecGeneric and QueryGeneric send the
+// setting in an implicit transaction, where PostgreSQL answers SET LOCAL
+// with a warning (written to the server's log, and sent to the client)
+// on every call. They set it without one.
+func TestGenericPlansWarnNothing(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := ctxT(t)
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		notices []string
+	)
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		notices = append(notices, n.Severity+": "+n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := postgres.ExecGeneric(ctx, conn, `SELECT $1::int`, 1); err != nil {
+		t.Fatal(err)
+	}
+	var mode string
+	if err := postgres.QueryGeneric(ctx, conn, func(rows pgx.Rows) error {
+		for rows.Next() {
+			if err := rows.Scan(&mode); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}, `SELECT current_setting('plan_cache_mode') WHERE $1`, true); err != nil {
+		t.Fatal(err)
+	}
+	if mode != "force_generic_plan" {
+		t.Fatalf("QueryGeneric's statement ran with plan_cache_mode %q", mode)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(notices) != 0 {
+		t.Fatalf("the server sent %q", notices)
 	}
 }

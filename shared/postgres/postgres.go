@@ -70,6 +70,12 @@ var GenericPlans = pgx.TxOptions{BeginQuery: "BEGIN; " + genericPlans}
 
 const genericPlans = "SET LOCAL plan_cache_mode = force_generic_plan"
 
+// genericPlansImplicit is genericPlans for an implicit transaction (a
+// pipeline without BEGIN), where SET LOCAL still lasts until the
+// transaction ends but PostgreSQL warns on every call that it is not in a
+// transaction block; set_config does the same without the warning.
+const genericPlansImplicit = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+
 // Batcher is what ExecGeneric and QueryGeneric take: a pool or a
 // connection, not a transaction (they run one of their own).
 type Batcher interface {
@@ -106,7 +112,7 @@ func generic(ctx context.Context, db Batcher, queue func(*pgx.Batch)) error {
 		return errors.New("postgres: a statement on generic plans runs in a transaction of its own: give it a pool or a connection, not a transaction")
 	}
 	b := &pgx.Batch{}
-	b.Queue(genericPlans)
+	b.Queue(genericPlansImplicit)
 	queue(b)
 	return db.SendBatch(ctx, b).Close()
 }
