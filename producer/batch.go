@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,7 +29,8 @@ import (
 // requests queue behind a running flush and share the next commit, so the
 // cost of a commit (the WAL fsync) and of the round trips is paid once per
 // batch instead of once per request. A request is answered only after its
-// row committed.
+// row committed; one whose deadline comes while its batch still waits for
+// the acks is answered from the commit (the relay publishes its event).
 
 const (
 	maxBatch    = 256
@@ -40,6 +42,10 @@ type job struct {
 	clientID uuid.UUID
 	req      order.CreateRequest
 	done     chan orderstore.BatchResult
+	// committed is the request's result once its batch committed, set
+	// before the batch's publish: a request whose deadline comes while
+	// the batch waits for the broker is answered from it.
+	committed atomic.Pointer[orderstore.BatchResult]
 }
 
 type batcher struct {
@@ -212,6 +218,12 @@ func (b *batcher) write(ctx context.Context, clientID uuid.UUID, req order.Creat
 	case r := <-j.done:
 		return r.Inserted, r.Err
 	case <-ctx.Done():
+		// Committed while its batch waits for the broker's acks: the
+		// order and its event are durable, and the relay publishes what
+		// the batch does not (DESIGN.md, guarantee 3).
+		if r := j.committed.Load(); r != nil {
+			return r.Inserted, r.Err
+		}
 		// The batch may still commit it: the client's retry is replayed.
 		return orderstore.Inserted{}, ctx.Err()
 	}
@@ -258,11 +270,13 @@ func (b *batcher) flush(batch []*job) {
 			if err == nil && !r.Replayed && r.OutboxID != 0 {
 				retried = append(retried, r.OutboxID)
 			}
+			j.committed.Store(&res[i])
 			continue
 		}
 		if res[i].Err == nil && !res[i].Replayed && res[i].OutboxID != 0 {
 			rows = append(rows, res[i].Event)
 		}
+		j.committed.Store(&res[i])
 	}
 	var acked outbox.Acked
 	if len(rows)+len(retried) > 0 {
