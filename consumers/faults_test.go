@@ -291,10 +291,9 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 	t.Parallel()
 	e := pipetest.New(t, pspserver.Options{Latency: 2 * time.Millisecond})
 	stock(t, e)
-	second := *e.App
+	second := &app.Env{Config: e.App.Config, Logger: e.App.Logger, Topology: e.App.Topology, Metrics: app.NewRegistry()}
 	second.NC, second.JS = testenv.Connect(t, e.NATS.URL)
 	second.Pool = testenv.Pool(t, e.DB.URL)
-	second.Metrics = app.NewRegistry()
 	var handled [2]atomic.Int64
 	counted := func(i int) []step.Step {
 		steps := e.Steps(5 * time.Second)
@@ -322,7 +321,7 @@ func TestTwoRoutersOnTheSameDurables(t *testing.T) {
 		return steps
 	}
 	pipetest.Start(t, e.App, pipetest.Config(), counted(0)...)
-	pipetest.Start(t, &second, pipetest.Config(), counted(1)...)
+	pipetest.Start(t, second, pipetest.Config(), counted(1)...)
 	createOrders(t, e, 100, "4.00")
 	e.WaitTerminal(t, 90*time.Second)
 	if handled[0].Load() == 0 || handled[1].Load() == 0 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/failpoint"
 	"orderpipe/shared/groupcommit"
@@ -50,6 +51,11 @@ type job struct {
 
 type batcher struct {
 	s *Service
+	// db is the group commit's own pool (app.Env.Reserve): its flushers'
+	// writes and reads never wait behind the process's other work for a
+	// connection, and run on connections that have their statements
+	// prepared and planned.
+	db *pgxpool.Pool
 	q groupcommit.Queue[*job]
 
 	mu       sync.Mutex
@@ -86,7 +92,12 @@ type leader struct {
 }
 
 func newBatcher(s *Service) *batcher {
-	b := &batcher{s: s, inFlight: map[orderstore.Key]*leader{}, known: map[orderstore.Key]struct{}{}}
+	db, err := s.env.Reserve(2 * maxFlushers) // the write and the read flushers
+	if err != nil {
+		s.env.Logger.Warn("the intake's group commit shares the process's pool", slog.Any("error", err))
+		db = s.env.Pool
+	}
+	b := &batcher{s: s, db: db, inFlight: map[orderstore.Key]*leader{}, known: map[orderstore.Key]struct{}{}}
 	b.reads = groupcommit.Queue[*readJob]{Flush: b.flushReads, MaxBatch: maxBatch, Flushers: maxFlushers}
 	b.q = groupcommit.Queue[*job]{Flush: b.flush, MaxBatch: maxBatch, Flushers: maxFlushers}
 	return b
@@ -176,7 +187,7 @@ func (b *batcher) flushReads(batch []*readJob) {
 	for i, j := range live {
 		clients[i], rids[i] = j.key.ClientID, j.key.RequestID
 	}
-	stored, err := orderstore.GetByRequestIDs(ctx, b.s.env.Pool, clients, rids)
+	stored, err := orderstore.GetByRequestIDs(ctx, b.db, clients, rids)
 	for _, j := range live {
 		o, found := stored[j.key]
 		j.done <- readResult{o: o, found: found, err: err}
@@ -244,7 +255,7 @@ func (b *batcher) flush(batch []*job) {
 	for i, j := range live {
 		items[i] = orderstore.NewOrder{Ctx: j.ctx, ClientID: j.clientID, Req: j.req}
 	}
-	res, err := orderstore.InsertBatch(ctx, s.env.Pool, items, s.opts.NewOrderNo)
+	res, err := orderstore.InsertBatch(ctx, b.db, items, s.opts.NewOrderNo)
 	if err != nil {
 		if len(live) == 1 || errors.Is(err, context.DeadlineExceeded) {
 			for _, j := range live {
@@ -264,7 +275,7 @@ func (b *batcher) flush(batch []*job) {
 	for i, j := range live {
 		if res[i].Retry {
 			// Its order number collided: the one-request path retries.
-			r, err := orderstore.Insert(ctx, s.env.Pool, j.clientID, j.req, orderstore.InsertOptions{NewOrderNo: s.opts.NewOrderNo})
+			r, err := orderstore.Insert(ctx, b.db, j.clientID, j.req, orderstore.InsertOptions{NewOrderNo: s.opts.NewOrderNo})
 			res[i].Inserted, res[i].Err = r, err
 			res[i].OrderNoCollisions++
 			if err == nil && !r.Replayed && r.OutboxID != 0 {

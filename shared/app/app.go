@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,9 @@ type Env struct {
 	stopTracing func(context.Context) error
 	stopKeeper  context.CancelFunc
 	keeperDone  chan struct{}
+
+	mu       sync.Mutex
+	reserved []*pgxpool.Pool
 }
 
 // NewLogger returns the process logger: JSON or text per the config, with
@@ -115,6 +119,7 @@ func NewRegistry() *prometheus.Registry {
 
 // Close drains the NATS connection, closes the pool and flushes traces.
 func (e *Env) Close() {
+	e.CloseReserved()
 	if e.stopKeeper != nil {
 		e.stopKeeper()
 		<-e.keeperDone
@@ -130,6 +135,44 @@ func (e *Env) Close() {
 	}
 	if e.Pool != nil {
 		e.Pool.Close()
+	}
+}
+
+// Reserve opens a pool of at most n connections of its own, with Pool's
+// settings, apart from Pool and closed with the Env. It is for work that
+// must not wait behind the rest of the process for a connection, and
+// whose statements stay prepared and planned on the few connections it
+// uses: the intake's group commit. Drawn from Pool, which up to 32
+// handlers, streams and reads share in turn, its flushers were handed
+// connections that had not run their statement yet (a parse, then a plan
+// at each of the first runs). It connects only when a connection is
+// first needed.
+func (e *Env) Reserve(n int) (*pgxpool.Pool, error) {
+	if e.Pool == nil {
+		return nil, errors.New("reserve connections: the process has no PostgreSQL pool")
+	}
+	cfg := e.Pool.Config()
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = int32(n), 0, 0
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("reserve %d connections: %w", n, err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.reserved = append(e.reserved, p)
+	return p, nil
+}
+
+// CloseReserved closes the pools that Reserve opened. Close calls it; a
+// caller whose Env shares its Pool and connections with others (a test's)
+// calls it alone.
+func (e *Env) CloseReserved() {
+	e.mu.Lock()
+	reserved := e.reserved
+	e.reserved = nil
+	e.mu.Unlock()
+	for _, p := range reserved {
+		p.Close()
 	}
 }
 

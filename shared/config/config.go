@@ -182,7 +182,7 @@ var (
 	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", DefaultLogLevel)
 	EnvStreamReplicas        = Register("ORDERPIPE_STREAM_REPLICAS", "replicas of the ORDERS stream (1, 3 or 5)", strconv.Itoa(DefaultStreamReplicas))
 	EnvOTLPEndpoint          = Register("OTEL_EXPORTER_OTLP_ENDPOINT", "OTLP/HTTP endpoint to export traces to (e.g. http://otel-collector:4318); unset: traces are not exported", "unset")
-	EnvDBMaxConns            = IntSettingBetween("ORDERPIPE_DB_MAX_CONNS", "PostgreSQL connections one process may open, at most "+strconv.Itoa(MaxDBMaxConns)+" (a pool_max_conns parameter in DATABASE_URL wins)", DefaultDBMaxConns, 1, MaxDBMaxConns)
+	EnvDBMaxConns            = IntSettingBetween("ORDERPIPE_DB_MAX_CONNS", "PostgreSQL connections one process may open, at most "+strconv.Itoa(MaxDBMaxConns)+" (a pool_max_conns parameter in DATABASE_URL wins); an intake process opens up to 4 more for its group commit", DefaultDBMaxConns, 1, MaxDBMaxConns)
 	EnvShutdownTimeout       = Register("ORDERPIPE_SHUTDOWN_TIMEOUT", "how long a process drains in-flight work on SIGTERM", FormatDuration(DefaultShutdownTimeout))
 )
 

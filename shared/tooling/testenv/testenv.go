@@ -135,6 +135,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 // the result.
 func Env(t testing.TB, db *Database, n *NATSEnv) *app.Env {
 	env := &app.Env{Config: config.Config{ShutdownTimeout: 5 * time.Second}, Logger: Logger(t), Metrics: app.NewRegistry()}
+	// The pool and the connections are the helpers' to close; the pools a
+	// part reserves on the Env are the Env's.
+	t.Cleanup(env.CloseReserved)
 	if db != nil {
 		env.Pool = db.Pool
 		env.Config.DatabaseURL = db.URL
