@@ -56,7 +56,7 @@ type batcher struct {
 	// connection, and run on connections that have their statements
 	// prepared and planned.
 	db *pgxpool.Pool
-	q groupcommit.Queue[*job]
+	q  groupcommit.Queue[*job]
 
 	mu       sync.Mutex
 	inFlight map[orderstore.Key]*leader // the requests being written, by key
