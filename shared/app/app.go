@@ -145,14 +145,15 @@ func (e *Env) Close() {
 // uses: the intake's group commit. Drawn from Pool, which up to 32
 // handlers, streams and reads share in turn, its flushers were handed
 // connections that had not run their statement yet (a parse, then a plan
-// at each of the first runs). It connects only when a connection is
-// first needed.
+// at each of the first runs). Its connections are opened at once, in the
+// background, and kept open, so that a first burst does not wait for
+// them.
 func (e *Env) Reserve(n int) (*pgxpool.Pool, error) {
 	if e.Pool == nil {
 		return nil, errors.New("reserve connections: the process has no PostgreSQL pool")
 	}
 	cfg := e.Pool.Config()
-	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = int32(n), 0, 0
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = int32(n), int32(n), 0
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("reserve %d connections: %w", n, err)
