@@ -91,6 +91,7 @@ func runBaseline(ctx context.Context, s Settings, progress io.Writer, round int)
 	insert := "INSERT INTO " + table + " (order_no, user_id, items, amount, currency) VALUES ($1, $2, $3, $4, $5)"
 	items := []byte(`[{"sku":"SKU-1","quantity":1}]`)
 
+	c := newCollector("baseline", s.Concurrency, pool)
 	rctx, cancel := context.WithTimeout(ctx, s.Duration)
 	defer cancel()
 	results := make(chan *vegeta.Result, 1024)
@@ -116,7 +117,7 @@ func runBaseline(ctx context.Context, s Settings, progress io.Writer, round int)
 		wg.Wait()
 		close(results)
 	}()
-	run = collect("baseline", s.Concurrency, pool, results, progress, nil)
+	run = c.collect(results, progress, nil)
 	run.Round = round
 	if ctx.Err() != nil {
 		return run, ctx.Err()

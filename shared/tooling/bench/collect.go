@@ -102,18 +102,43 @@ type second struct {
 	lat        vegeta.LatencyMetrics
 }
 
+// collector summarises one run. newCollector takes the first readings of
+// the machine's processor time and (with a pool) of the database's
+// counters; a run takes them before it starts its load, so that reading
+// every process of /proc and querying PostgreSQL does not share the
+// load's first moments (a replay's burst is over in a few hundred
+// milliseconds, and its first hundred calls are its slowest).
+type collector struct {
+	kind        string
+	concurrency int
+	pool        *pgxpool.Pool
+	cpu0        cpuReading
+	haveCPU     bool
+	db0         dbReading
+	haveDB      bool
+	began       time.Time
+}
+
+func newCollector(kind string, concurrency int, pool *pgxpool.Pool) *collector {
+	c := &collector{kind: kind, concurrency: concurrency, pool: pool}
+	c.cpu0, c.haveCPU = readCPU()
+	c.db0, c.haveDB = readDB(pool)
+	c.began = time.Now()
+	return c
+}
+
 // collect reads results until the channel closes, printing a progress
 // line per second to progress, and summarises them, with the machine's
-// processor time and (with a pool) the database's activity meanwhile.
-// each, when set, sees every result first (on the collecting goroutine).
-func collect(kind string, concurrency int, pool *pgxpool.Pool, results <-chan *vegeta.Result, progress io.Writer, each func(*vegeta.Result)) Measurement {
-	r := Measurement{Kind: kind, Concurrency: concurrency, StatusCodes: map[string]int{}, OrdersInDB: -1}
-	cpu0, haveCPU := readCPU()
-	db0, haveDB := readDB(pool)
+// processor time and (with a pool) the database's activity since
+// newCollector. each, when set, sees every result first (on the
+// collecting goroutine).
+func (c *collector) collect(results <-chan *vegeta.Result, progress io.Writer, each func(*vegeta.Result)) Measurement {
+	kind, pool, began := c.kind, c.pool, c.began
+	r := Measurement{Kind: kind, Concurrency: c.concurrency, StatusCodes: map[string]int{}, OrdersInDB: -1}
+	cpu0, haveCPU, db0, haveDB := c.cpu0, c.haveCPU, c.db0, c.haveDB
 	var (
 		lat          vegeta.LatencyMetrics
 		secs         []*second
-		began        = time.Now()
 		first, last  time.Time
 		errs         = map[string]bool{}
 		ticker       = time.NewTicker(time.Second)

@@ -57,14 +57,19 @@ func newHTTPClient(n int, timeout time.Duration) *http.Client {
 // attack runs vegeta closed-loop: workers clients, each sending its next
 // request from tr as soon as the previous one answered, for d (0: until tr
 // runs out of targets), or until ctx ends; or, with a rate, open-loop: rate
-// requests per second on a fixed schedule, by at most workers at once.
-// Results of the extra requests that find tr exhausted are dropped.
+// requests per second on a fixed schedule, from workers clients at first
+// and more whenever all of them are waiting for an answer, so that a slow
+// server neither lowers the load it gets nor keeps its queueing out of
+// the latencies (coordinated omission). Results of the extra requests that
+// find tr exhausted are dropped.
 func attack(ctx context.Context, client *http.Client, workers, rate int, d time.Duration, tr vegeta.Targeter) <-chan *vegeta.Result {
-	a := vegeta.NewAttacker(vegeta.Client(client), vegeta.Workers(uint64(workers)), vegeta.MaxWorkers(uint64(workers)))
+	maxWorkers := uint64(workers)
 	pacer := vegeta.ConstantPacer{}
 	if rate > 0 {
 		pacer = vegeta.ConstantPacer{Freq: rate, Per: time.Second}
+		maxWorkers = vegeta.DefaultMaxWorkers
 	}
+	a := vegeta.NewAttacker(vegeta.Client(client), vegeta.Workers(uint64(workers)), vegeta.MaxWorkers(maxWorkers))
 	in := a.Attack(tr, pacer, d, "")
 	out := make(chan *vegeta.Result, 1024)
 	stop := context.AfterFunc(ctx, func() { a.Stop() })
@@ -132,7 +137,8 @@ func runIntake(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		byID   = map[string]string{} // order_id → request_id
 		dups   int64
 	)
-	run := collect("intake", s.Concurrency, pool, attack(ctx, client, s.Concurrency, s.Rate, s.Duration, tr), progress, func(res *vegeta.Result) {
+	c := newCollector("intake", s.Concurrency, pool)
+	run := c.collect(attack(ctx, client, s.Concurrency, s.Rate, s.Duration, tr), progress, func(res *vegeta.Result) {
 		a, ok := parseAnswer(res.Body)
 		if !ok || res.Code/100 != 2 {
 			return
@@ -225,13 +231,14 @@ func runReplay(ctx context.Context, s Settings, pool *pgxpool.Pool, progress io.
 		wg.Wait()
 		close(results)
 	}()
+	col := newCollector("replay", senders, pool)
 	close(start)
 	var (
 		created, replayed       int64
 		createdLat, replayedLat vegeta.LatencyMetrics
 		orderOf                 = map[string]map[string]bool{} // request_id → order_ids answered
 	)
-	run := collect("replay", senders, pool, results, progress, func(res *vegeta.Result) {
+	run := col.collect(results, progress, func(res *vegeta.Result) {
 		a, ok := parseAnswer(res.Body)
 		if !ok || res.Code/100 != 2 {
 			return
