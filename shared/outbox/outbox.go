@@ -371,6 +371,11 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	// Disconnected, a pass would claim its rows only to put them into the
+	// client's reconnect buffer, to be sent again on the return.
+	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
+		return 0, fmt.Errorf("%w: not connected (%s); the pending rows wait for the next pass", ErrBrokerUnavailable, nc.Status())
+	}
 	// A claim is read even if ctx ends meanwhile (for claimGrace): the
 	// database may have made it when the cancel came, and its rows, claimed
 	// but never read, would stay out of every relay's reach until the lease

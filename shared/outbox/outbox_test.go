@@ -602,15 +602,55 @@ func TestARowTheClientRefusesDoesNotHoldBackTheRest(t *testing.T) {
 	}
 }
 
-// TestARelayStallingOnTheBrokerStopsAtItsCancel: while NATS is down, every
-// pass put its batch into the client's reconnect buffer and left the acks
-// pending (nats.go clears them only when a connection starts reconnecting),
+// TestARelayPassWhileDisconnectedClaimsNothing: a pass that finds the
+// connection to NATS down returns at once with ErrBrokerUnavailable,
+// claims no row and publishes nothing. Before, it claimed its batch and
+// put it into the client's reconnect buffer, pass after pass (up to the
+// client's 4000 pending publishes), to be sent again on the return.
+func TestARelayPassWhileDisconnectedClaimsNothing(t *testing.T) {
+	db, srv := testenv.DB(t), testenv.OwnNATS(t)
+	nc, js := testenv.Connect(t, srv.URL())
+	top := orderevent.Topology{Stream: "DOWN", Prefix: "down"}
+	if _, err := natsjs.EnsureStream(t.Context(), js, top, 1); err != nil {
+		t.Fatal(err)
+	}
+	want := enqueueMany(t, db.Pool, 20)
+	r := &outbox.Relay{Pool: db.Pool, JS: js, Topology: top, Logger: testenv.Logger(t), MinAge: -1, PublishTimeout: time.Second}
+	srv.Stop()
+	testenv.WaitFor(t, 10*time.Second, "the client to notice the outage", func() bool { return !nc.IsConnected() })
+
+	n, err := r.PublishPending(t.Context(), 0)
+	if n != 0 || !errors.Is(err, outbox.ErrBrokerUnavailable) {
+		t.Fatalf("a pass while disconnected: %d, %v; want 0 and ErrBrokerUnavailable", n, err)
+	}
+	if p := js.PublishAsyncPending(); p != 0 {
+		t.Errorf("%d publishes buffered for the reconnection, want none", p)
+	}
+	if claimed := testenv.Column[int64](t, db.Pool, `SELECT id FROM outbox WHERE claimed_until IS NOT NULL`); len(claimed) > 0 {
+		t.Errorf("%d row(s) claimed by a pass that could not publish", len(claimed))
+	}
+	wantPending(t, db.Pool, len(want))
+
+	srv.Start()
+	testenv.WaitFor(t, 15*time.Second, "the client to reconnect", nc.IsConnected)
+	if n, err := r.PublishPending(t.Context(), 0); n != len(want) || err != nil {
+		t.Fatalf("the pass after the return: %d, %v; want %d", n, err, len(want))
+	}
+	wantPending(t, db.Pool, 0)
+}
+
+// TestARelayStallingOnTheBrokerStopsAtItsCancel: against a broker that
+// is connected and does not answer (a partition the client has not seen
+// yet), every pass sends its batch and waits for acks that do not come,
 // so after 8 passes of 500 rows the client held 4000 pending acks, its
-// limit. From then on every asynchronous publish waited 200 ms before it
-// failed, and the pass's loop checked neither its context nor its
-// PublishTimeout: one pass took 500 × 200 ms, and a SIGTERM found the relay
-// deaf for up to 100 s. A relay stops at its cancel, a pass within its
-// PublishTimeout, and the outage costs time, never events.
+// limit, until the acks' timeout. From then on every asynchronous publish
+// waited 200 ms before it failed, and the pass's loop checked neither its
+// context nor its PublishTimeout: one pass took 500 × 200 ms, and a
+// SIGTERM found the relay deaf for up to 100 s. (A relay reached the same
+// stall through the reconnect buffer while NATS was down, before its pass
+// checked the connection.) A relay stops at its cancel, a pass within its
+// PublishTimeout, and the outage costs time, never events. The broker is
+// made silent by deleting the stream and swallowing its subjects.
 func TestARelayStallingOnTheBrokerStopsAtItsCancel(t *testing.T) {
 	db, srv := testenv.DB(t), testenv.OwnNATS(t)
 	nc, js := testenv.Connect(t, srv.URL())
@@ -624,8 +664,14 @@ func TestARelayStallingOnTheBrokerStopsAtItsCancel(t *testing.T) {
 	r := &outbox.Relay{Pool: db.Pool, JS: js, Topology: top, Logger: testenv.Logger(t),
 		MinAge: -1, Interval: 50 * time.Millisecond, PublishTimeout: 100 * time.Millisecond, Lease: lease}
 
-	srv.Stop()
-	testenv.WaitFor(t, 10*time.Second, "the client to notice the outage", func() bool { return !nc.IsConnected() })
+	if err := js.DeleteStream(t.Context(), top.Stream); err != nil {
+		t.Fatal(err)
+	}
+	swallow, err := nc.SubscribeSync(top.AllSubjects())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = swallow.Unsubscribe() })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -681,8 +727,13 @@ func TestARelayStallingOnTheBrokerStopsAtItsCancel(t *testing.T) {
 	}
 	wantPending(t, db.Pool, rows)
 
-	srv.Start()
-	testenv.WaitFor(t, 15*time.Second, "the client to reconnect", nc.IsConnected)
+	// The broker answers again: the stream is back, nothing swallows.
+	if err := swallow.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsjs.EnsureStream(t.Context(), js, top, 1); err != nil {
+		t.Fatal(err)
+	}
 	testenv.WaitFor(t, 30*time.Second, "the relay to publish every row", func() bool {
 		if _, err := r.PublishPending(t.Context(), 0); err != nil {
 			t.Logf("relay pass: %v", err)
@@ -693,8 +744,6 @@ func TestARelayStallingOnTheBrokerStopsAtItsCancel(t *testing.T) {
 	if unsequenced := testenv.Column[int64](t, db.Pool, `SELECT id FROM outbox WHERE stream_seq IS NULL`); len(unsequenced) > 0 {
 		t.Errorf("%d row(s) stamped without a stream sequence", len(unsequenced))
 	}
-	// The copies buffered during the outage reached the broker too; its
-	// duplicate window kept one of each.
 	ids := msgIDs(t, js, top.Stream)
 	if len(ids) != rows {
 		t.Errorf("stream holds %d msg ids, want %d", len(ids), rows)
