@@ -117,7 +117,8 @@ func NewRegistry() *prometheus.Registry {
 	return r
 }
 
-// Close drains the NATS connection, closes the pool and flushes traces.
+// Close drains the NATS connection, closes the pools (Pool and those
+// Reserve opened) and flushes traces.
 func (e *Env) Close() {
 	e.CloseReserved()
 	if e.stopKeeper != nil {
