@@ -280,6 +280,9 @@ func (s *server) getOrder(ctx context.Context, clientID uuid.UUID, _ *sdk.CallTo
 		OrderID   string `json:"order_id"`
 		RequestID string `json:"request_id"`
 	}
+	if err := order.CheckMembers(args, "order_id", "request_id"); err != nil {
+		return nil, invalid("arguments", err.Error())
+	}
 	if err := json.Unmarshal(args, &in); err != nil {
 		return nil, invalid("arguments", err.Error())
 	}
@@ -308,6 +311,9 @@ func (s *server) waitForOrder(ctx context.Context, clientID uuid.UUID, req *sdk.
 		OrderID        string `json:"order_id"`
 		TimeoutSeconds int    `json:"timeout_seconds"`
 	}{TimeoutSeconds: 60}
+	if err := order.CheckMembers(args, "order_id", "timeout_seconds"); err != nil {
+		return nil, invalid("arguments", err.Error())
+	}
 	if err := json.Unmarshal(args, &in); err != nil {
 		return nil, invalid("arguments", err.Error())
 	}

@@ -742,3 +742,28 @@ func TestHTTPRequiresTheAPIKey(t *testing.T) {
 		}
 	}
 }
+
+// TestReadToolsRefuseDuplicateMembers: get_order and wait_for_order refuse
+// arguments that give a member twice, as create_order does; the last one
+// won before, so {"order_id":A,"order_id":B} read order B.
+func TestReadToolsRefuseDuplicateMembers(t *testing.T) {
+	t.Parallel()
+	_, cs := setupSession(t)
+	a := call(t, cs, mcp.ToolCreateOrder, createArgs(order.NewRequestID(time.Now())), nil)
+	b := call(t, cs, mcp.ToolCreateOrder, createArgs(order.NewRequestID(time.Now())), nil)
+	if a.isError || b.isError {
+		t.Fatalf("create: %s / %s", a.raw, b.raw)
+	}
+	ida, idb := a.result.Order.ID.String(), b.result.Order.ID.String()
+	for _, c := range []struct{ tool, args string }{
+		{mcp.ToolGetOrder, `{"order_id":"` + ida + `","order_id":"` + idb + `"}`},
+		{mcp.ToolGetOrder, `{"request_id":"` + a.result.Order.RequestID + `","request_id":"` + b.result.Order.RequestID + `"}`},
+		{mcp.ToolWaitForOrder, `{"order_id":"` + ida + `","order_id":"` + idb + `","timeout_seconds":1}`},
+		{mcp.ToolWaitForOrder, `{"order_id":"` + ida + `","timeout_seconds":1,"timeout_seconds":2}`},
+	} {
+		r := call(t, cs, c.tool, json.RawMessage(c.args), nil)
+		if !r.isError || r.problem.Code != 201 || !strings.Contains(r.raw, "twice") {
+			t.Errorf("%s %s: %s, want code 201 naming the member given twice", c.tool, c.args, r.raw)
+		}
+	}
+}

@@ -233,6 +233,16 @@ func decodeObject(data []byte, allowed []string) ([]json.RawMessage, error) {
 	return objectMembers(data, i, allowed)
 }
 
+// CheckMembers reports whether data is one JSON object whose member names
+// are all in allowed, each given once, with the create request's
+// decoder's errors ("has the field "x" twice"): a caller that decodes the
+// object with encoding/json, where the last of a repeated member wins,
+// checks it first.
+func CheckMembers(data []byte, allowed ...string) error {
+	_, err := decodeObject(data, allowed)
+	return err
+}
+
 // objectMembers is decodeObject for the object that starts at data[i]
 // ('{') in JSON that json.Valid accepted, such as an item line of a
 // checked body.
