@@ -126,9 +126,9 @@ func OptionsFromEnv() (Options, error) {
 		EnvMaxInFlight.Into(&o.MaxInFlight),
 		EnvMaxStreams.Into(&o.MaxStreams),
 		EnvMaxStreamsPerClient.Into(&o.MaxStreamsPerClient),
+		idemtoken.EnvTTL.Into(&o.TokenTTL),
 	)
-	o.TokenTTL, err = idemtoken.TTLFromEnv()
-	return o, errors.Join(append(errs, err)...)
+	return o, errors.Join(errs...)
 }
 
 // defaultOptions holds the value that an unset field of Options stands for.

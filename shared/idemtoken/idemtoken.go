@@ -111,9 +111,6 @@ type Token struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
-// TTLFromEnv reads ORDERPIPE_TOKEN_TTL (from MinTTL to MaxTTL).
-func TTLFromEnv() (time.Duration, error) { return EnvTTL.Get() }
-
 // Issue stores a new unused token of clientID that expires after ttl.
 func Issue(ctx context.Context, db postgres.DB, clientID uuid.UUID, ttl time.Duration) (Token, error) {
 	if ttl <= 0 {
