@@ -319,8 +319,8 @@ func (r *Relay) PublishIDs(ctx context.Context, ids ...int64) (Acked, error) {
 		return Acked{}, nil
 	}
 	r.defaults()
-	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
-		return Acked{}, fmt.Errorf("%w: not connected (%s); %d event(s) left to the relay", ErrBrokerUnavailable, nc.Status(), len(ids))
+	if err := r.disconnected(); err != nil {
+		return Acked{}, fmt.Errorf("%w; %d event(s) left to the relay", err, len(ids))
 	}
 	batch, err := r.readPending(ctx, ids...)
 	if err != nil {
@@ -349,6 +349,16 @@ func (r *Relay) readPending(ctx context.Context, ids ...int64) ([]Row, error) {
 	return batch, nil
 }
 
+// disconnected is ErrBrokerUnavailable when the connection to NATS is
+// down (nothing would reach the broker before a reconnect: a publish would
+// only fill the client's reconnect buffer), else nil.
+func (r *Relay) disconnected() error {
+	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
+		return fmt.Errorf("%w: not connected (%s)", ErrBrokerUnavailable, nc.Status())
+	}
+	return nil
+}
+
 // ErrBrokerUnavailable marks a publish that could not reach the broker.
 var ErrBrokerUnavailable = errors.New("broker unavailable")
 
@@ -373,8 +383,8 @@ func (r *Relay) publishWhere(ctx context.Context, path, where string, args ...an
 	}
 	// Disconnected, a pass would claim its rows only to put them into the
 	// client's reconnect buffer, to be sent again on the return.
-	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
-		return 0, fmt.Errorf("%w: not connected (%s); the pending rows wait for the next pass", ErrBrokerUnavailable, nc.Status())
+	if err := r.disconnected(); err != nil {
+		return 0, fmt.Errorf("%w; the pending rows wait for the next pass", err)
 	}
 	// A claim is read even if ctx ends meanwhile (for claimGrace): the
 	// database may have made it when the cancel came, and its rows, claimed
@@ -435,8 +445,8 @@ func (r *Relay) PublishRows(ctx context.Context, rows []Row) (Acked, error) {
 		return Acked{}, nil
 	}
 	r.defaults()
-	if nc := r.JS.Conn(); nc != nil && !nc.IsConnected() {
-		return Acked{}, fmt.Errorf("%w: not connected (%s); %d event(s) left to the relay", ErrBrokerUnavailable, nc.Status(), len(rows))
+	if err := r.disconnected(); err != nil {
+		return Acked{}, fmt.Errorf("%w; %d event(s) left to the relay", err, len(rows))
 	}
 	done, seqs, _, err := r.publishBatch(ctx, rows)
 	return Acked{path: "inline", ids: done, seqs: seqs}, err
