@@ -133,9 +133,8 @@ func newCollector(kind string, concurrency int, pool *pgxpool.Pool) *collector {
 // newCollector. each, when set, sees every result first (on the
 // collecting goroutine).
 func (c *collector) collect(results <-chan *vegeta.Result, progress io.Writer, each func(*vegeta.Result)) Measurement {
-	kind, pool, began := c.kind, c.pool, c.began
+	kind, began := c.kind, c.began
 	r := Measurement{Kind: kind, Concurrency: c.concurrency, StatusCodes: map[string]int{}, OrdersInDB: -1}
-	cpu0, haveCPU, db0, haveDB := c.cpu0, c.haveCPU, c.db0, c.haveDB
 	var (
 		lat          vegeta.LatencyMetrics
 		secs         []*second
@@ -202,11 +201,11 @@ func (c *collector) collect(results <-chan *vegeta.Result, progress io.Writer, e
 		}
 	}
 done:
-	if cpu1, ok := readCPU(); haveCPU && ok {
-		r.CPU = since(cpu0, cpu1, time.Since(began).Seconds(), r.OK)
+	if cpu1, ok := readCPU(); c.haveCPU && ok {
+		r.CPU = since(c.cpu0, cpu1, time.Since(began).Seconds(), r.OK)
 	}
-	if db1, ok := readDB(pool); haveDB && ok {
-		r.DB = activity(db0, db1, r.OK)
+	if db1, ok := readDB(c.pool); c.haveDB && ok {
+		r.DB = activity(c.db0, db1, r.OK)
 	}
 	if r.Requests > 0 {
 		r.Seconds = last.Sub(first).Seconds()
