@@ -20,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -189,8 +191,8 @@ func NewServer(opts Options) (*sdk.Server, error) {
 }
 
 // wrap authenticates the call, validates its arguments against the tool's
-// schema (a violation is an invalid-input problem, code 201) and turns a
-// handler error into a problem result.
+// schema and refuses a member given twice (an invalid-input problem, code
+// 201), and turns a handler error into a problem result.
 func (s *server) wrap(name string, schema *jsonschema.Resolved,
 	h func(context.Context, uuid.UUID, *sdk.CallToolRequest, json.RawMessage) (*sdk.CallToolResult, error),
 ) sdk.ToolHandler {
@@ -228,6 +230,11 @@ func checkArgs(schema *jsonschema.Resolved, tool string, args json.RawMessage) *
 	if err := schema.Validate(inst); err != nil {
 		return invalid("arguments", "do not match the input schema of "+tool+": "+err.Error())
 	}
+	// The schema saw the arguments decoded, where the last of a member
+	// given twice won; such arguments are refused, as over HTTP.
+	if err := order.CheckMembers(args, slices.Collect(maps.Keys(schema.Schema().Properties))...); err != nil {
+		return invalid("arguments", err.Error())
+	}
 	return nil
 }
 
@@ -260,8 +267,8 @@ func (s *server) newToken(ctx context.Context, clientID uuid.UUID, _ *sdk.CallTo
 }
 
 // createOrder hands the arguments as they came to the HTTP intake's
-// decoder, which refuses a member given twice (the schema check, on
-// decoded arguments, cannot see one). A token arrives as the request_id;
+// decoder, which refuses a member given twice at any depth (checkArgs
+// refuses one at the top). A token arrives as the request_id;
 // the intake takes it for one.
 func (s *server) createOrder(ctx context.Context, clientID uuid.UUID, _ *sdk.CallToolRequest, args json.RawMessage) (*sdk.CallToolResult, error) {
 	req, err := order.DecodeCreateRequest(args, s.opts.Intake.DecodeOptions())
@@ -279,9 +286,6 @@ func (s *server) getOrder(ctx context.Context, clientID uuid.UUID, _ *sdk.CallTo
 	var in struct {
 		OrderID   string `json:"order_id"`
 		RequestID string `json:"request_id"`
-	}
-	if err := order.CheckMembers(args, "order_id", "request_id"); err != nil {
-		return nil, invalid("arguments", err.Error())
 	}
 	if err := json.Unmarshal(args, &in); err != nil {
 		return nil, invalid("arguments", err.Error())
@@ -311,9 +315,6 @@ func (s *server) waitForOrder(ctx context.Context, clientID uuid.UUID, req *sdk.
 		OrderID        string `json:"order_id"`
 		TimeoutSeconds int    `json:"timeout_seconds"`
 	}{TimeoutSeconds: 60}
-	if err := order.CheckMembers(args, "order_id", "timeout_seconds"); err != nil {
-		return nil, invalid("arguments", err.Error())
-	}
 	if err := json.Unmarshal(args, &in); err != nil {
 		return nil, invalid("arguments", err.Error())
 	}
