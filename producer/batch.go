@@ -281,10 +281,7 @@ func (b *batcher) flush(batch []*job) {
 			if err == nil && !r.Replayed && r.OutboxID != 0 {
 				retried = append(retried, r.OutboxID)
 			}
-			j.committed.Store(&res[i])
-			continue
-		}
-		if res[i].Err == nil && !res[i].Replayed && res[i].OutboxID != 0 {
+		} else if res[i].Err == nil && !res[i].Replayed && res[i].OutboxID != 0 {
 			rows = append(rows, res[i].Event)
 		}
 		j.committed.Store(&res[i])
