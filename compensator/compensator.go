@@ -202,6 +202,9 @@ type Compensator struct {
 	// (uuid.Nil: from the start), when the last one stopped at its bound.
 	healMu   sync.Mutex
 	healFrom uuid.UUID
+	// lookupHook, set by tests only (export_test.go), is called before
+	// heal asks the broker about an order's event.
+	lookupHook func(orderID uuid.UUID)
 }
 
 // New validates cfg and returns a compensator. relay publishes re-drive and

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"orderpipe/shared/order"
+	"orderpipe/shared/postgres"
 )
 
 // KindHeal is the action of publishing again an open order's last event
@@ -112,18 +113,26 @@ func (c *Compensator) healBatch(ctx context.Context, res *Result, from uuid.UUID
 		return 0, uuid.Nil, err
 	}
 	view.before = before
+	// The candidates are read and the broker asked without a lock: a
+	// lookup may take seconds, and a step or another phase that needs one
+	// of these orders must not wait for them. The lost ones are then
+	// locked and checked again: one that moved on meanwhile (a step, or
+	// another compensator's heal, published a later event) is left alone.
+	lost, read, last, err := c.selectLost(ctx, c.pool, view, from)
+	if err != nil {
+		return 0, uuid.Nil, err
+	}
+	if len(lost) == 0 {
+		return read, last, nil
+	}
 	var actions []Action
 	var outboxIDs []int64
-	var read int
-	var last uuid.UUID
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		var lost []lostEvent
-		var err error
-		lost, read, last, err = c.selectLost(ctx, tx, view, from)
+		still, err := c.lockLost(ctx, tx, lost)
 		if err != nil {
 			return err
 		}
-		for _, l := range lost {
+		for _, l := range still {
 			newID := healMsgID(l.MsgID, l.OutboxID)
 			var oid int64
 			if err := tx.QueryRow(ctx, `
@@ -169,13 +178,13 @@ func healMsgID(msgID string, outboxID int64) string {
 	return fmt.Sprintf("%s:heal%d", msgID, outboxID)
 }
 
-// selectLost claims (SKIP LOCKED) up to a batch of candidates after the
-// order id from: open orders, idle for longer than the heal minimum age,
-// whose last published event the stream may not hold. It returns those
-// whose event it does not hold, how many candidates it read, and the last
-// one's order id.
-func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView, from uuid.UUID) ([]lostEvent, int, uuid.UUID, error) {
-	rows, err := tx.Query(ctx, `
+// selectLost reads, without locking them, up to a batch of candidates
+// after the order id from: open orders, idle for longer than the heal
+// minimum age, whose last published event the stream may not hold. It
+// returns those whose event it does not hold, how many candidates it
+// read, and the last one's order id.
+func (c *Compensator) selectLost(ctx context.Context, db postgres.DB, view streamView, from uuid.UUID) ([]lostEvent, int, uuid.UUID, error) {
+	rows, err := db.Query(ctx, `
 		SELECT o.order_id, o.client_id, o.request_id, o.status, x.id, x.msg_id, x.stream_seq,
 		       x.published_at < $2 AS before_stream
 		FROM orders o
@@ -187,8 +196,7 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 		  AND (x.published_at < $2 OR x.stream_seq < $3 OR x.stream_seq > $4 OR $5)
 		  AND o.order_id > $8
 		ORDER BY o.order_id
-		LIMIT $6
-		FOR UPDATE OF o SKIP LOCKED`,
+		LIMIT $6`,
 		c.cfg.HealMinAge.Seconds(), view.created, int64(view.first), int64(view.last), view.deleted > 0, c.cfg.BatchSize, view.before, from)
 	if err != nil {
 		return nil, 0, uuid.Nil, fmt.Errorf("select open orders whose last event the broker lost: %w", err)
@@ -220,6 +228,9 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 			x.Why = fmt.Sprintf("the stream holds %d to %d", view.first, view.last)
 		default:
 			// Inside the range of a stream with deleted messages: ask.
+			if c.lookupHook != nil {
+				c.lookupHook(x.OrderID)
+			}
 			gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			m, err := view.stream.GetMsg(gctx, uint64(x.Seq))
 			cancel()
@@ -237,4 +248,60 @@ func (c *Compensator) selectLost(ctx context.Context, tx pgx.Tx, view streamView
 		out = append(out, x.lostEvent)
 	}
 	return out, len(cands), last, nil
+}
+
+// lockLost locks (SKIP LOCKED) the orders of lost, read before without a
+// lock, and returns those still to heal: still open and idle, and whose
+// last event is still the one found lost. The check reads after the lock,
+// in a statement of its own, so that it sees whatever committed before
+// the lock was taken (a step's next event, another compensator's copy).
+func (c *Compensator) lockLost(ctx context.Context, tx pgx.Tx, lost []lostEvent) ([]lostEvent, error) {
+	ids := make([]uuid.UUID, len(lost))
+	for i, l := range lost {
+		ids[i] = l.OrderID
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT order_id FROM orders WHERE order_id = ANY($1)
+		ORDER BY order_id FOR UPDATE SKIP LOCKED`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("lock the orders whose event the broker lost: %w", err)
+	}
+	locked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("lock the orders whose event the broker lost: %w", err)
+	}
+	if len(locked) == 0 {
+		return nil, nil
+	}
+	rows, err = tx.Query(ctx, `
+		SELECT o.order_id, o.status, x.id
+		FROM orders o
+		JOIN LATERAL (SELECT id FROM outbox WHERE order_id = o.order_id ORDER BY id DESC LIMIT 1) x ON true
+		WHERE o.order_id = ANY($1) AND o.status IN ('processing', 'reserved', 'paid')
+		  AND greatest(o.updated_at, coalesce(o.redriven_at, o.updated_at)) < now() - make_interval(secs => $2::float8)`,
+		locked, c.cfg.HealMinAge.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("check the orders whose event the broker lost: %w", err)
+	}
+	type now struct {
+		status   string
+		outboxID int64
+	}
+	current := map[uuid.UUID]now{}
+	var id uuid.UUID
+	var x now
+	if _, err := pgx.ForEachRow(rows, []any{&id, &x.status, &x.outboxID}, func() error {
+		current[id] = x
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("check the orders whose event the broker lost: %w", err)
+	}
+	var still []lostEvent
+	for _, l := range lost {
+		if x, ok := current[l.OrderID]; ok && x.outboxID == l.OutboxID {
+			l.Status = order.Status(x.status)
+			still = append(still, l)
+		}
+	}
+	return still, nil
 }

@@ -1,13 +1,17 @@
 package compensator_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
+	"orderpipe/compensator"
 	"orderpipe/shared/natsjs"
 	"orderpipe/shared/order"
 	"orderpipe/shared/tooling/testenv"
@@ -163,5 +167,98 @@ func TestHealReadsPastABatchOfHeldEvents(t *testing.T) {
 	w.healed(lost)
 	if msgs := w.msgIDs(held[0]); len(msgs) != 1 {
 		t.Fatalf("an order whose event is held was published again: %v", msgs)
+	}
+}
+
+// TestHealHoldsNoLockWhileItAsksTheBroker: in a stream with a deleted
+// message, heal asks the broker about each idle open order's last event
+// (up to 5 s each when the broker is slow). Before, it asked holding FOR
+// UPDATE on its whole batch of candidates, so a consumer's step or another
+// compensator phase that needed one of those orders waited for every
+// lookup. No candidate's row may be locked while the broker is asked, and
+// the lost event is still healed.
+func TestHealHoldsNoLockWhileItAsksTheBroker(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ids := []uuid.UUID{w.newOrder(spec{status: order.StatusProcessing}), w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})}
+	lost := w.newOrder(spec{status: order.StatusProcessing})
+	ids = append(ids, lost, w.newOrder(spec{status: order.StatusProcessing})) // after it: its deletion is inside the stream
+	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost))); err != nil {
+		t.Fatal(err)
+	}
+	c := w.comp(w.cfg(3), w.psp)
+	var (
+		mu      sync.Mutex
+		lookups int
+		locked  []string
+	)
+	compensator.SetLookupHook(c, func(id uuid.UUID) {
+		// What a step does to its order: take the row, here without waiting.
+		err := pgx.BeginFunc(t.Context(), w.db.Pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(t.Context(), `SELECT order_id FROM orders WHERE order_id = ANY($1) FOR UPDATE NOWAIT`, ids)
+			return err
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		lookups++
+		if err != nil {
+			locked = append(locked, fmt.Sprintf("asking about %s: %v", id, err))
+		}
+	})
+	res := w.pass(c)
+	mu.Lock()
+	defer mu.Unlock()
+	if lookups == 0 {
+		t.Fatal("heal asked the broker about no order; the test proves nothing")
+	}
+	if len(locked) > 0 {
+		t.Fatalf("the candidates' rows were locked while the broker was asked:\n%s", strings.Join(locked, "\n"))
+	}
+	if res.Healed != 1 || len(res.Actions) != 1 || res.Actions[0].OrderID != lost {
+		t.Fatalf("healed %d: %+v; want only %s, whose event was deleted", res.Healed, res.Actions, lost)
+	}
+	w.healed(lost)
+}
+
+// TestHealLeavesAnOrderThatMovedOnWhileTheBrokerWasAsked: the candidates
+// are read and the broker asked without a lock, so an order may move on
+// meanwhile: here another compensator's heal wrote its copy of the lost
+// event. The pass locks the order, sees that its last event is no longer
+// the one it found lost, and writes no second copy.
+func TestHealLeavesAnOrderThatMovedOnWhileTheBrokerWasAsked(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.newOrder(spec{status: order.StatusProcessing}) // before and after it: its deletion is inside the stream
+	lost := w.newOrder(spec{status: order.StatusProcessing})
+	w.newOrder(spec{status: order.StatusProcessing})
+	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost))); err != nil {
+		t.Fatal(err)
+	}
+	c := w.comp(w.cfg(3), w.psp)
+	asked := false
+	compensator.SetLookupHook(c, func(id uuid.UUID) {
+		if id == lost {
+			asked = true
+			w.exec(`INSERT INTO outbox (msg_id, event, payload, headers, order_id)
+				SELECT msg_id || ':heal0', event, payload, headers, order_id FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost)
+		}
+	})
+	res := w.pass(c)
+	if !asked {
+		t.Fatal("the broker was not asked about the lost event; the test proves nothing")
+	}
+	if res.Healed != 0 {
+		t.Fatalf("healed %d: %+v; the order's lost event had been copied already", res.Healed, res.Actions)
+	}
+	if n := w.int(`SELECT count(*) FROM outbox WHERE order_id = $1 AND msg_id LIKE '%:heal%'`, lost); n != 1 {
+		t.Fatalf("%d copies of the lost event, want the other compensator's only", n)
 	}
 }
