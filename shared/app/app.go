@@ -117,8 +117,9 @@ func NewRegistry() *prometheus.Registry {
 	return r
 }
 
-// Close drains the NATS connection, closes the pools (Pool and those
-// Reserve opened) and flushes traces.
+// Close closes the NATS connection (sending what its buffer holds; the
+// parts have stopped their subscriptions by then), closes the pools (Pool
+// and those Reserve opened) and flushes traces.
 func (e *Env) Close() {
 	e.CloseReserved()
 	if e.stopKeeper != nil {
@@ -131,7 +132,6 @@ func (e *Env) Close() {
 		cancel()
 	}
 	if e.NC != nil {
-		_ = e.NC.Drain()
 		e.NC.Close()
 	}
 	if e.Pool != nil {
