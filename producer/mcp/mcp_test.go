@@ -767,3 +767,72 @@ func TestReadToolsRefuseDuplicateMembers(t *testing.T) {
 		}
 	}
 }
+
+// TestMalformedMessagesGetJSONRPCErrors: a body that is not one JSON-RPC
+// 2.0 message is answered 400 with a JSON-RPC error (Parse error or
+// Invalid Request, with the message's id when it could be read) and runs
+// nothing. Before, the SDK answered most of them in plain text, and
+// accepted a message with an id but no method (202) and dropped it.
+func TestMalformedMessagesGetJSONRPCErrors(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	_, srv := h.overHTTP(newProgress())
+	args, _ := json.Marshal(createArgs(order.NewRequestID(time.Now())))
+	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"create_order","arguments":` + string(args) + `}}`
+	for _, c := range []struct {
+		name, body string
+		code       int
+		id         string
+	}{
+		{"empty", "", -32700, "null"},
+		{"white space", " \r\n\t ", -32700, "null"},
+		{"not JSON", "not json", -32700, "null"},
+		{"cut off", call[:len(call)-1], -32700, "null"},
+		{"two messages", call + call, -32700, "null"},
+		{"a string", `"tools/list"`, -32600, "null"},
+		{"a number", `42`, -32600, "null"},
+		{"a method that is a number", `{"jsonrpc":"2.0","id":1,"method":5}`, -32600, "null"},
+		{"no version", `{"id":1,"method":"tools/list"}`, -32600, "1"},
+		{"version 1.0", `{"jsonrpc":"1.0","id":"a","method":"tools/list"}`, -32600, `"a"`},
+		{"an id and no method", `{"jsonrpc":"2.0","id":3}`, -32600, "3"},
+		{"an object for an id", `{"jsonrpc":"2.0","id":{"x":1}}`, -32600, "null"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+mcp.Path, strings.NewReader(c.body))
+		req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		var got struct {
+			JSONRPC string          `json:"jsonrpc"`
+			ID      json.RawMessage `json:"id"`
+			Error   struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/json" ||
+			json.Unmarshal(b, &got) != nil || got.JSONRPC != "2.0" || got.Error.Code != c.code || string(got.ID) != c.id || got.Error.Message == "" {
+			t.Errorf("%s: %d %s %s; want 400 and a JSON-RPC error %d with id %s", c.name, resp.StatusCode, resp.Header.Get("Content-Type"), b, c.code, c.id)
+		}
+	}
+	h.wantOrders(0)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+mcp.Path, strings.NewReader(call))
+	req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"status":"processing"`) {
+		t.Fatalf("a well-formed call after them: %d %s", resp.StatusCode, b)
+	}
+	h.wantOrders(1)
+}
