@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -252,9 +253,10 @@ func (c *Compensator) Run(ctx context.Context) error {
 // RunOnce makes one pass: its phases (phases) in order. A phase that fails
 // does not stop the others; the errors are returned together, and each
 // failed phase is counted (orderpipe_compensator_pass_failures_total). A
-// pass that cannot reach the broker skips the phases that need it. A pass
-// that ran every phase, and whose failures are only those that a metric
-// of their own reports (reportedError), sets
+// pass that cannot reach the broker, at its start or in any phase, skips
+// the phases after that need it. A pass that ran every phase, and whose
+// failures are only those that a metric of their own reports (the broker
+// unavailable, reportedError), sets
 // orderpipe_compensator_last_success_timestamp_seconds when it ends.
 func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 	t0 := time.Now()
@@ -299,7 +301,7 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 		c.logger.Warn("compensator pass: the broker is unavailable; nothing was re-driven or unwound, and re-drive attempts are not counted until it is back")
 	case res.BrokerUnavailable:
 		metrics.CompensatorBrokerUp.Set(0)
-		c.logger.Warn("compensator pass: the broker did not acknowledge re-drives; they were taken back and not counted, and the pass stopped re-driving and skipped the phases that need the broker")
+		c.logger.Warn("compensator pass: the broker went away during the pass; re-drives it did not acknowledge were taken back and not counted, and the phases after that need the broker were skipped")
 	case c.relay != nil:
 		metrics.CompensatorBrokerUp.Set(1)
 	}
@@ -311,12 +313,14 @@ func (c *Compensator) RunOnce(ctx context.Context) (Result, error) {
 }
 
 // reportedError is a failure that a metric and an alert of its own
-// report: the broker unavailable (orderpipe_compensator_broker_up), a
-// refund the payment provider did not make (orderpipe_refunds_due). It is
-// still an error of the pass, but it does not keep the pass from counting
-// as completed (orderpipe_compensator_last_success_timestamp_seconds), so
-// that "no compensator completes its passes" means the compensators are
-// down or failing, not that the broker or the provider is.
+// report: a refund the payment provider did not make
+// (orderpipe_refunds_due); the broker found unavailable is reported too
+// (orderpipe_compensator_broker_up), and recognized by its sentinel (see
+// onlyReported). It is still an error of the pass, but it does not keep
+// the pass from counting as completed
+// (orderpipe_compensator_last_success_timestamp_seconds), so that "no
+// compensator completes its passes" means the compensators are down or
+// failing, not that the broker or the provider is.
 type reportedError struct{ err error }
 
 func (e reportedError) Error() string { return e.err.Error() }
@@ -326,13 +330,19 @@ func (e reportedError) Unwrap() error { return e.err }
 func (reportedError) reported() {}
 
 // onlyReported reports whether every failure in err (through errors.Join,
-// several %w and wrapping) is a reportedError. It walks the tree itself:
-// errors.As would find one reportedError among other failures.
+// several %w and wrapping) is a reportedError, or an error that wraps
+// ErrBrokerUnavailable itself ("%w: …"): wherever in a pass the broker is
+// found gone, RunOnce reports it (orderpipe_compensator_broker_up 0). It
+// walks the tree itself: errors.As would find one reported failure among
+// others.
 func onlyReported(err error) bool {
 	if err == nil {
 		return true
 	}
 	if _, ok := err.(interface{ reported() }); ok {
+		return true
+	}
+	if wrapsItself(err, ErrBrokerUnavailable) {
 		return true
 	}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
@@ -349,9 +359,26 @@ func onlyReported(err error) bool {
 	return false
 }
 
+// wrapsItself reports whether err is target or wraps it at its own level
+// (fmt.Errorf("%w: …", target, …)), not deeper: errors.Is would look
+// further, into a join whose other failures are not the broker's.
+//
+//nolint:errorlint // identity comparisons on purpose, at this level only
+func wrapsItself(err, target error) bool {
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return u.Unwrap() == target
+	case interface{ Unwrap() []error }:
+		return slices.Contains(u.Unwrap(), target)
+	}
+	return err == target
+}
+
 // ErrBrokerUnavailable marks a pass that could not reach the broker (or
-// whose re-drives it did not acknowledge).
-var ErrBrokerUnavailable = errors.New("broker unavailable")
+// whose re-drives it did not acknowledge). It is the outbox's own, which
+// the relay's publishes return, so that a pass sees the broker gone
+// whichever of them found it so.
+var ErrBrokerUnavailable = outbox.ErrBrokerUnavailable
 
 // brokerReachable asks JetStream for the stream's state.
 func (c *Compensator) brokerReachable(ctx context.Context) error {
@@ -638,7 +665,7 @@ func (c *Compensator) batch(ctx context.Context, cursor uuid.UUID, res *Result) 
 			if pubErr != nil {
 				err = fmt.Errorf("%w: %w", err, pubErr)
 			}
-			errs = append(errs, reportedError{err})
+			errs = append(errs, err)
 		}
 	}
 	return len(claimed), last, errors.Join(errs...)

@@ -1,14 +1,20 @@
 package compensator_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"orderpipe/compensator"
 	"orderpipe/shared/metrics"
+	"orderpipe/shared/natsjs"
 	"orderpipe/shared/order"
+	"orderpipe/shared/outbox"
 	"orderpipe/shared/psp"
 	"orderpipe/shared/tooling/pspserver"
 	"orderpipe/shared/tooling/testenv"
@@ -130,5 +136,65 @@ func TestARefundTheProviderFailsIsReported(t *testing.T) {
 	}
 	if due, age := testutil.ToFloat64(metrics.RefundsDue), testutil.ToFloat64(metrics.OldestRefundDueAge); due != 0 || age != 0 {
 		t.Fatalf("after the refund: due %v, oldest %v s; want 0 and 0", due, age)
+	}
+}
+
+// TestABrokerLostMidPassStillCompletesThePass: the broker answers the
+// pass's broker phase and goes away while heal asks about an event. The
+// pass skips the phases that need the broker, says the broker is down
+// (orderpipe_compensator_broker_up 0, which has its alert), and counts as
+// completed: the compensator itself is fine. Before, only a broker found
+// down by the broker phase counted so; a heal that lost it made a failed
+// pass, and a publish that lost it (outbox's own sentinel) did not even
+// skip the phases after it.
+func TestABrokerLostMidPassStillCompletesThePass(t *testing.T) {
+	w := newWorld(t)
+	w.newOrder(spec{status: order.StatusProcessing}) // before and after it: its deletion is inside the stream
+	lost := w.newOrder(spec{status: order.StatusProcessing})
+	w.newOrder(spec{status: order.StatusProcessing})
+	c := w.comp(w.cfg(3), w.psp)
+	w.pass(c) // a completed pass, so that the last one's time is exported
+	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost))); err != nil {
+		t.Fatal(err)
+	}
+	compensator.SetLookupHook(c, func(uuid.UUID) { w.nats.Conn.Close() })
+	t.Cleanup(func() { // the test's own connection is closed: delete its stream over another
+		nc, js, err := natsjs.Connect(w.nats.URL, t.Name(), testenv.Logger(t))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer nc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, w.nats.Topology.Stream)
+	})
+	renotify, republish := phaseFailures("renotify"), phaseFailures("republish")
+	before := time.Now().Add(-time.Millisecond)
+	res, err := c.RunOnce(t.Context())
+	if err == nil || !errors.Is(err, compensator.ErrBrokerUnavailable) || !res.BrokerUnavailable {
+		t.Fatalf("pass: %+v, %v; want the broker unavailable", res, err)
+	}
+	if got := lastSuccess(); got.Before(before) {
+		t.Fatalf("a pass whose only failure was the broker did not count as completed: last at %s", got)
+	}
+	if got := testutil.ToFloat64(metrics.CompensatorBrokerUp); got != 0 {
+		t.Fatalf("broker up %v, want 0", got)
+	}
+	if r, p := phaseFailures("renotify")-renotify, phaseFailures("republish")-republish; r != 0 || p != 0 {
+		t.Fatalf("renotify +%v, republish +%v failures; want them skipped", r, p)
+	}
+}
+
+// TestOutboxBrokerErrorsAreTheCompensators: the relay's publishes and the
+// compensator's own lookups report an unreachable broker with one
+// sentinel, so a pass sees both.
+func TestOutboxBrokerErrorsAreTheCompensators(t *testing.T) {
+	if !errors.Is(fmt.Errorf("publish: %w", outbox.ErrBrokerUnavailable), compensator.ErrBrokerUnavailable) {
+		t.Fatal("outbox.ErrBrokerUnavailable is not compensator.ErrBrokerUnavailable")
 	}
 }

@@ -37,7 +37,7 @@ func (c *Compensator) phases() []phase {
 		{name: "measure", run: func(ctx context.Context, res *Result) error { return c.measure(ctx, c.pool, res) }},
 		{name: phaseBroker, run: func(ctx context.Context, _ *Result) error {
 			if err := c.brokerReachable(ctx); err != nil {
-				return errors.Join(reportedError{err}, c.noteBroker(ctx, false))
+				return errors.Join(err, c.noteBroker(ctx, false))
 			}
 			return c.noteBroker(ctx, true)
 		}},
