@@ -118,10 +118,7 @@ func TestHealEventsGoneFromTheStream(t *testing.T) {
 	}
 	deleted := w.newOrder(spec{status: order.StatusProcessing})
 	kept := w.newOrder(spec{status: order.StatusProcessing})
-	seq := w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, deleted)
-	if err := s.DeleteMsg(t.Context(), uint64(seq)); err != nil {
-		t.Fatal(err)
-	}
+	w.deleteEvent(deleted)
 	res := w.pass(w.comp(w.cfg(3), w.psp))
 	var healed []uuid.UUID
 	for _, a := range res.Actions {
@@ -151,13 +148,7 @@ func TestHealReadsPastABatchOfHeldEvents(t *testing.T) {
 	}
 	lost := w.newOrder(spec{status: order.StatusProcessing})
 	held = append(held, w.newOrder(spec{status: order.StatusProcessing})) // after it: its deletion is inside the stream
-	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.DeleteMsg(t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost))); err != nil {
-		t.Fatal(err)
-	}
+	w.deleteEvent(lost)
 	cfg := w.cfg(3)
 	cfg.BatchSize = 2
 	res := w.pass(w.comp(cfg, w.psp))
@@ -183,13 +174,7 @@ func TestHealHoldsNoLockWhileItAsksTheBroker(t *testing.T) {
 	ids := []uuid.UUID{w.newOrder(spec{status: order.StatusProcessing}), w.newOrder(spec{status: order.StatusReserved, lines: map[string]int{"SKU-1": 1}})}
 	lost := w.newOrder(spec{status: order.StatusProcessing})
 	ids = append(ids, lost, w.newOrder(spec{status: order.StatusProcessing})) // after it: its deletion is inside the stream
-	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.DeleteMsg(t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost))); err != nil {
-		t.Fatal(err)
-	}
+	w.deleteEvent(lost)
 	c := w.comp(w.cfg(3), w.psp)
 	var (
 		mu      sync.Mutex
@@ -235,13 +220,7 @@ func TestHealLeavesAnOrderThatMovedOnWhileTheBrokerWasAsked(t *testing.T) {
 	w.newOrder(spec{status: order.StatusProcessing}) // before and after it: its deletion is inside the stream
 	lost := w.newOrder(spec{status: order.StatusProcessing})
 	w.newOrder(spec{status: order.StatusProcessing})
-	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.DeleteMsg(t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost))); err != nil {
-		t.Fatal(err)
-	}
+	w.deleteEvent(lost)
 	c := w.comp(w.cfg(3), w.psp)
 	asked := false
 	compensator.SetLookupHook(c, func(id uuid.UUID) {

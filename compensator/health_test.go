@@ -154,13 +154,7 @@ func TestABrokerLostMidPassStillCompletesThePass(t *testing.T) {
 	w.newOrder(spec{status: order.StatusProcessing})
 	c := w.comp(w.cfg(3), w.psp)
 	w.pass(c) // a completed pass, so that the last one's time is exported
-	s, err := w.nats.JS.Stream(t.Context(), w.nats.Topology.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.DeleteMsg(t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, lost))); err != nil {
-		t.Fatal(err)
-	}
+	w.deleteEvent(lost)
 	compensator.SetLookupHook(c, func(uuid.UUID) { w.nats.Conn.Close() })
 	t.Cleanup(func() { // the test's own connection is closed: delete its stream over another
 		nc, js, err := natsjs.Connect(w.nats.URL, t.Name(), testenv.Logger(t))

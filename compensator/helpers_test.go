@@ -245,6 +245,19 @@ func (w *world) age(ids ...uuid.UUID) {
 		redriven_at = redriven_at - interval '2 minutes' WHERE order_id = ANY($1)`, ids)
 }
 
+// deleteEvent deletes the order's last event from the stream, as a
+// retention limit or an operator would, and keeps the others.
+func (w *world) deleteEvent(id uuid.UUID) {
+	w.t.Helper()
+	s, err := w.nats.JS.Stream(w.t.Context(), w.nats.Topology.Stream)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := s.DeleteMsg(w.t.Context(), uint64(w.int(`SELECT stream_seq FROM outbox WHERE order_id = $1 ORDER BY id DESC LIMIT 1`, id))); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
 func (w *world) status(id uuid.UUID) order.Status {
 	w.t.Helper()
 	return order.Status(w.str(`SELECT status FROM orders WHERE order_id = $1`, id))

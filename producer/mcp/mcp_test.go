@@ -204,6 +204,23 @@ func createArgs(requestID string) map[string]any {
 
 // wantOrders fails the test unless want orders are stored (a failed query
 // fails it too).
+// postMCP sends body to srv's /mcp as h's client, as an MCP client would
+// (JSON, answers as JSON or a stream), and returns the answer read whole.
+func (h *harness) postMCP(srv *httptest.Server, body io.Reader) (int, http.Header, string) {
+	h.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+mcp.Path, body)
+	req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode, resp.Header, string(b)
+}
+
 func (h *harness) wantOrders(want int) {
 	h.t.Helper()
 	var n int
@@ -684,17 +701,8 @@ func TestBatchesAreRefused(t *testing.T) {
 	h := setup(t)
 	_, srv := h.overHTTP(newProgress())
 	post := func(body io.Reader) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+mcp.Path, body)
-		req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		return resp.StatusCode, string(b)
+		st, _, b := h.postMCP(srv, body)
+		return st, b
 	}
 	msg := func(id int) string {
 		args, _ := json.Marshal(createArgs(order.NewRequestID(time.Now())))
@@ -797,16 +805,7 @@ func TestMalformedMessagesGetJSONRPCErrors(t *testing.T) {
 		{"an id and no method", `{"jsonrpc":"2.0","id":3}`, -32600, "3"},
 		{"an object for an id", `{"jsonrpc":"2.0","id":{"x":1}}`, -32600, "null"},
 	} {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+mcp.Path, strings.NewReader(c.body))
-		req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
+		st, hdr, b := h.postMCP(srv, strings.NewReader(c.body))
 		var got struct {
 			JSONRPC string          `json:"jsonrpc"`
 			ID      json.RawMessage `json:"id"`
@@ -815,24 +814,14 @@ func TestMalformedMessagesGetJSONRPCErrors(t *testing.T) {
 				Message string `json:"message"`
 			} `json:"error"`
 		}
-		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/json" ||
-			json.Unmarshal(b, &got) != nil || got.JSONRPC != "2.0" || got.Error.Code != c.code || string(got.ID) != c.id || got.Error.Message == "" {
-			t.Errorf("%s: %d %s %s; want 400 and a JSON-RPC error %d with id %s", c.name, resp.StatusCode, resp.Header.Get("Content-Type"), b, c.code, c.id)
+		if st != http.StatusBadRequest || hdr.Get("Content-Type") != "application/json" ||
+			json.Unmarshal([]byte(b), &got) != nil || got.JSONRPC != "2.0" || got.Error.Code != c.code || string(got.ID) != c.id || got.Error.Message == "" {
+			t.Errorf("%s: %d %s %s; want 400 and a JSON-RPC error %d with id %s", c.name, st, hdr.Get("Content-Type"), b, c.code, c.id)
 		}
 	}
 	h.wantOrders(0)
-	req, _ := http.NewRequest(http.MethodPost, srv.URL+mcp.Path, strings.NewReader(call))
-	req.Header.Set("Authorization", "Bearer "+h.creds.APIKey)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"status":"processing"`) {
-		t.Fatalf("a well-formed call after them: %d %s", resp.StatusCode, b)
+	if st, _, b := h.postMCP(srv, strings.NewReader(call)); st != http.StatusOK || !strings.Contains(b, `"status":"processing"`) {
+		t.Fatalf("a well-formed call after them: %d %s", st, b)
 	}
 	h.wantOrders(1)
 }
