@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 
 	"orderpipe/compensator"
 	"orderpipe/consumers"
 	"orderpipe/consumers/webhook"
 	"orderpipe/producer"
 	"orderpipe/shared/app"
+	"orderpipe/shared/config"
+	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
 	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/tooling/pspserver"
@@ -21,14 +24,34 @@ import (
 // starts before them.
 func devParts() []devenv.Part {
 	return []devenv.Part{
-		{Name: "producer", Start: producer.Start},
+		{Name: "producer", Start: producer.Start, Check: func(config.Config) error {
+			_, err := producer.OptionsFromEnv()
+			return err
+		}},
 		{Name: "psp", Start: func(ctx context.Context, env *app.Env) (func() error, error) {
 			url, wait, err := pspserver.Start(ctx, env)
 			env.Config.PSPURL = url
 			return wait, err
+		}, Check: func(cfg config.Config) error {
+			if cfg.PSPURL != "" {
+				return nil // the stand-in does not run
+			}
+			_, err := pspserver.EnvDevLatency.Get()
+			return err
 		}},
-		{Name: "consumers", Seed: stock.Seed, Start: consumers.Start},
-		{Name: "compensator", Start: compensator.Start},
-		{Name: "webhooks", Start: webhook.Start},
+		{Name: "consumers", Seed: stock.Seed, Start: consumers.Start, Check: func(cfg config.Config) error {
+			_, err := consumers.ConfigFromEnv(cfg.ShutdownTimeout)
+			_, perr := psp.EnvTimeout.Get()
+			return errors.Join(err, perr)
+		}},
+		{Name: "compensator", Start: compensator.Start, Check: func(config.Config) error {
+			_, err := compensator.ConsumerHorizon()
+			_, perr := psp.EnvTimeout.Get()
+			return errors.Join(err, perr)
+		}},
+		{Name: "webhooks", Start: webhook.Start, Check: func(config.Config) error {
+			_, err := webhook.SettingsFromEnv()
+			return err
+		}},
 	}
 }

@@ -519,3 +519,32 @@ func TestReadmeStateDiagram(t *testing.T) {
 		}
 	}
 }
+
+// TestDevChecksThePartsSettingsFirst: dev refuses a bad value of any part's
+// own setting (exit 2, naming it) before it starts anything. Before, it
+// started PostgreSQL, NATS and the parts before the one that read it, and
+// failed there.
+func TestDevChecksThePartsSettingsFirst(t *testing.T) {
+	for _, tc := range []struct{ name, value string }{
+		{"ORDERPIPE_INTAKE_TIMEOUT", "soon"},
+		{"ORDERPIPE_DEV_PSP_LATENCY", "slow"},
+		{"ORDERPIPE_CONSUMER_WORKERS", "many"},
+		{"ORDERPIPE_CONSUMER_MAX_DELIVER", "1"},
+		{"ORDERPIPE_PSP_TIMEOUT", "-1s"},
+		{"ORDERPIPE_WEBHOOK_CONCURRENCY", "0"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			cleanEnv(t)
+			dir := t.TempDir()
+			t.Setenv(config.EnvDataDir, dir)
+			t.Setenv(tc.name, tc.value)
+			code, out, errOut := orderpipe(t, "dev")
+			if code != 2 || out != "" || !strings.Contains(errOut, "bad environment") || !strings.Contains(errOut, tc.name) || !strings.Contains(errOut, tc.value) {
+				t.Errorf("dev with %s=%s: exit %d, stdout %q, stderr %q; want 2 and a message naming the variable and value", tc.name, tc.value, code, out, errOut)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+				t.Errorf("dev with %s=%s started something first: %s holds %v", tc.name, tc.value, dir, entries)
+			}
+		})
+	}
+}

@@ -23,6 +23,11 @@ type Part struct {
 	// Seed puts the part's dev data in place at every start with the part
 	// (optional; see Seeder).
 	Seed Seeder
+	// Check reads the part's own settings from the environment and
+	// returns what is wrong with them (optional). Run checks every part
+	// before it starts anything: a bad value stops dev at once, not after
+	// PostgreSQL, NATS and the parts before it started.
+	Check func(cfg config.Config) error
 	// Start starts the part and returns once it is serving; wait blocks
 	// until the part has stopped after ctx ended. A part may fill in
 	// env.Config (the payment stand-in sets PSPURL) for the parts after it.
@@ -85,14 +90,25 @@ func Select(parts []Part, names []string) ([]Part, error) {
 	return out, nil
 }
 
-// Run starts the stack and the parts, prints how to reach them, and runs
-// until ctx ends; then it stops the parts and the stack, in that order.
+// Run checks every part's settings (Part.Check: a UsageError naming what
+// is wrong), starts the stack and the parts, prints how to reach them, and
+// runs until ctx ends; then it stops the parts and the stack, in that
+// order.
 func Run(ctx context.Context, cfg config.Config, logger *slog.Logger, parts []Part, out interface{ Write([]byte) (int, error) }) (err error) {
 	var seeders []Seeder
+	var bad []error
 	for _, p := range parts {
 		if p.Seed != nil {
 			seeders = append(seeders, p.Seed)
 		}
+		if p.Check != nil {
+			if err := p.Check(cfg); err != nil {
+				bad = append(bad, fmt.Errorf("%s: %w", p.Name, err))
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return cli.UsageError{Msg: "bad environment:\n" + errors.Join(bad...).Error()}
 	}
 	t0 := time.Now()
 	stack, err := Start(ctx, cfg, logger, seeders...)
