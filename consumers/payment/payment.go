@@ -203,8 +203,10 @@ func (p *paymentStep) handle(ctx context.Context, m step.Message, commit step.Co
 		return err
 	case err == nil && c.cancelled && ans.Status == psp.StatusSucceeded:
 		// Refused, yet the key had charged: the order was cancelled with
-		// the refusal, so the charge goes back (a retry of this message or
-		// the compensator's refund pass repeats it if this fails).
+		// the refusal, so the charge goes back. If this fails, the
+		// compensator's refund pass repeats it (orderpipe_refunds_due
+		// counts it meanwhile): a redelivery of this message finds its
+		// dedupe row, committed above, and does not run again.
 		_, err = payments.Settle(ctx, p.pool, p.psp, id)
 		return err
 	}
