@@ -24,11 +24,11 @@ import (
 // starts before them.
 func devParts() []devenv.Part {
 	return []devenv.Part{
-		{Name: "producer", Start: producer.Start, Check: func(config.Config) error {
+		{Name: "producer", Env: producer.Command().Env, Start: producer.Start, Check: func(config.Config) error {
 			_, err := producer.OptionsFromEnv()
 			return err
 		}},
-		{Name: "psp", Start: func(ctx context.Context, env *app.Env) (func() error, error) {
+		{Name: "psp", Env: []string{pspserver.EnvDevLatency.Name}, Start: func(ctx context.Context, env *app.Env) (func() error, error) {
 			url, wait, err := pspserver.Start(ctx, env)
 			env.Config.PSPURL = url
 			return wait, err
@@ -39,17 +39,17 @@ func devParts() []devenv.Part {
 			_, err := pspserver.EnvDevLatency.Get()
 			return err
 		}},
-		{Name: "consumers", Seed: stock.Seed, Start: consumers.Start, Check: func(cfg config.Config) error {
+		{Name: "consumers", Seed: stock.Seed, Env: consumers.Command().Env, Start: consumers.Start, Check: func(cfg config.Config) error {
 			_, err := consumers.ConfigFromEnv(cfg.ShutdownTimeout)
 			_, perr := psp.EnvTimeout.Get()
 			return errors.Join(err, perr)
 		}},
-		{Name: "compensator", Start: compensator.Start, Check: func(config.Config) error {
+		{Name: "compensator", Env: compensator.Command().Env, Start: compensator.Start, Check: func(config.Config) error {
 			_, err := compensator.ConsumerHorizon()
 			_, perr := psp.EnvTimeout.Get()
 			return errors.Join(err, perr)
 		}},
-		{Name: "webhooks", Start: webhook.Start, Check: func(config.Config) error {
+		{Name: "webhooks", Env: []string{webhook.EnvConcurrency.Name, webhook.EnvPerClient.Name, webhook.EnvTimeout.Name}, Start: webhook.Start, Check: func(config.Config) error {
 			_, err := webhook.SettingsFromEnv()
 			return err
 		}},

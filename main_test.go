@@ -548,3 +548,25 @@ func TestDevChecksThePartsSettingsFirst(t *testing.T) {
 		})
 	}
 }
+
+// TestHelpListsWhatThePartsRead: `producer -h` lists every variable the
+// intake reads (ORDERPIPE_TOKEN_TTL was missing), and `dev -h` those of
+// every part it runs (it listed its own and the common ones only).
+func TestHelpListsWhatThePartsRead(t *testing.T) {
+	cleanEnv(t)
+	for cmd, vars := range map[string][]string{
+		"producer": {"ORDERPIPE_INTAKE_TIMEOUT", "ORDERPIPE_RATE_LIMIT", "ORDERPIPE_TOKEN_TTL"},
+		"dev": {"ORDERPIPE_INTAKE_TIMEOUT", "ORDERPIPE_TOKEN_TTL", "ORDERPIPE_DEV_PSP_LATENCY", "ORDERPIPE_PSP_TIMEOUT",
+			"ORDERPIPE_CONSUMER_WORKERS", "ORDERPIPE_CONSUMER_MAX_DELIVER", "ORDERPIPE_WEBHOOK_CONCURRENCY", "ORDERPIPE_WEBHOOK_TIMEOUT"},
+	} {
+		code, out, _ := orderpipe(t, cmd, "-h")
+		if code != 0 {
+			t.Fatalf("%s -h: exit %d", cmd, code)
+		}
+		for _, v := range vars {
+			if !strings.Contains(out, "\n  "+v+" ") {
+				t.Errorf("%s -h does not list %s", cmd, v)
+			}
+		}
+	}
+}

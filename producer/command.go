@@ -13,6 +13,7 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/outbox"
 )
 
@@ -24,7 +25,8 @@ func Command() cli.Command {
 		Summary: "serve the intake API (POST /v1/orders …) on HTTP_ADDR and relay the outbox to NATS",
 		Usage:   "",
 		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout,
-			EnvTimeout.Name, EnvRateLimit.Name, EnvRateBurst.Name, EnvMaxInFlight.Name, EnvMaxStreams.Name, EnvMaxStreamsPerClient.Name),
+			EnvTimeout.Name, EnvRateLimit.Name, EnvRateBurst.Name, EnvMaxInFlight.Name, EnvMaxStreams.Name, EnvMaxStreamsPerClient.Name,
+			idemtoken.EnvTTL.Name),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
 				return cli.Usagef("producer takes no arguments")

@@ -28,6 +28,8 @@ type Part struct {
 	// before it starts anything: a bad value stops dev at once, not after
 	// PostgreSQL, NATS and the parts before it started.
 	Check func(cfg config.Config) error
+	// Env names the variables the part reads, for `dev -h`.
+	Env []string
 	// Start starts the part and returns once it is serving; wait blocks
 	// until the part has stopped after ctx ended. A part may fill in
 	// env.Config (the payment stand-in sets PSPURL) for the parts after it.
@@ -40,8 +42,8 @@ func Command(parts []Part) cli.Command {
 		Name:    "dev",
 		Summary: "run the whole pipeline in one process: managed PostgreSQL, embedded NATS, every part; writes $ORDERPIPE_DATA_DIR/dev.env",
 		Usage:   "[PART...]",
-		Env: cli.Join(cli.Common, config.EnvHTTPAddr, config.EnvPSPURL, config.EnvDataDir,
-			config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout, config.EnvDevNATSSyncAlways),
+		Env: cli.Join(cli.Common, append([]string{config.EnvHTTPAddr, config.EnvPSPURL, config.EnvDataDir,
+			config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout, config.EnvDevNATSSyncAlways}, partsEnv(parts)...)...),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			parts, err := Select(parts, inv.Args)
 			if err != nil {
@@ -57,6 +59,15 @@ func Command(parts []Part) cli.Command {
 			return Run(ctx, cfg, app.NewLogger(cfg, inv.Stderr), parts, inv.Stdout)
 		},
 	}
+}
+
+// partsEnv lists the variables that the parts read, in the parts' order.
+func partsEnv(parts []Part) []string {
+	var out []string
+	for _, p := range parts {
+		out = append(out, p.Env...)
+	}
+	return out
 }
 
 // Select returns the parts named, in the order dev starts them, or all of
