@@ -19,6 +19,7 @@ import (
 	"orderpipe/shared/app"
 	"orderpipe/shared/cli"
 	"orderpipe/shared/config"
+	"orderpipe/shared/idemtoken"
 	"orderpipe/shared/tooling/bench"
 	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/tooling/pspserver"
@@ -39,10 +40,10 @@ func commands() []cli.Command {
 		pspserver.Command(),
 		compensator.Command(), compensator.OrdersCommand(),
 		chaosCommand(), checkCommand(), natsNodeCommand(), eventsCommand(),
-		webhook.Command(), mcp.Command(func(env *app.Env) (mcp.Intake, error) {
+		webhook.Command(), mcp.Command(func() (func(*app.Env) (mcp.Intake, error), error) {
 			o, err := producer.OptionsFromEnv()
-			return producer.NewService(env, o), err
-		}),
+			return func(env *app.Env) (mcp.Intake, error) { return producer.NewService(env, o), nil }, err
+		}, producer.EnvTimeout.Name, idemtoken.EnvTTL.Name),
 	}
 }
 

@@ -550,12 +550,14 @@ func TestDevChecksThePartsSettingsFirst(t *testing.T) {
 }
 
 // TestHelpListsWhatThePartsRead: `producer -h` lists every variable the
-// intake reads (ORDERPIPE_TOKEN_TTL was missing), and `dev -h` those of
-// every part it runs (it listed its own and the common ones only).
+// intake reads (ORDERPIPE_TOKEN_TTL was missing), `mcp -h` those its
+// intake service reads, and `dev -h` those of every part it runs (it
+// listed its own and the common ones only).
 func TestHelpListsWhatThePartsRead(t *testing.T) {
 	cleanEnv(t)
 	for cmd, vars := range map[string][]string{
 		"producer": {"ORDERPIPE_INTAKE_TIMEOUT", "ORDERPIPE_RATE_LIMIT", "ORDERPIPE_TOKEN_TTL"},
+		"mcp":      {"ORDERPIPE_API_KEY", "ORDERPIPE_INTAKE_TIMEOUT", "ORDERPIPE_TOKEN_TTL"},
 		"dev": {"ORDERPIPE_INTAKE_TIMEOUT", "ORDERPIPE_TOKEN_TTL", "ORDERPIPE_DEV_PSP_LATENCY", "ORDERPIPE_PSP_TIMEOUT",
 			"ORDERPIPE_CONSUMER_WORKERS", "ORDERPIPE_CONSUMER_MAX_DELIVER", "ORDERPIPE_WEBHOOK_CONCURRENCY", "ORDERPIPE_WEBHOOK_TIMEOUT"},
 	} {
@@ -568,5 +570,27 @@ func TestHelpListsWhatThePartsRead(t *testing.T) {
 				t.Errorf("%s -h does not list %s", cmd, v)
 			}
 		}
+	}
+}
+
+// TestMCPChecksTheIntakesSettingsFirst: `orderpipe mcp` refuses a bad
+// intake setting (exit 2, naming it) before it connects. Before, it
+// connected first and failed after (exit 1), here on the closed port.
+func TestMCPChecksTheIntakesSettingsFirst(t *testing.T) {
+	cleanEnv(t)
+	closed := strconv.Itoa(testenv.ClosedPort(t))
+	t.Setenv(config.EnvDatabaseURL, "postgres://postgres@127.0.0.1:"+closed+"/x?sslmode=disable&connect_timeout=2")
+	t.Setenv(config.EnvNATSURL, "nats://127.0.0.1:"+closed)
+	t.Setenv("ORDERPIPE_API_KEY", "opk_whatever")
+	for _, tc := range []struct{ name, value string }{
+		{"ORDERPIPE_INTAKE_TIMEOUT", "soon"},
+		{"ORDERPIPE_TOKEN_TTL", "0s"},
+	} {
+		t.Setenv(tc.name, tc.value)
+		code, out, errOut := orderpipe(t, "mcp")
+		if code != 2 || out != "" || !strings.Contains(errOut, "bad environment") || !strings.Contains(errOut, tc.name) || !strings.Contains(errOut, tc.value) {
+			t.Errorf("mcp with %s=%s: exit %d, stdout %q, stderr %q; want 2 and a message naming the variable and value", tc.name, tc.value, code, out, errOut)
+		}
+		os.Unsetenv(tc.name)
 	}
 }

@@ -23,17 +23,23 @@ import (
 var EnvAPIKey = config.StringSetting("ORDERPIPE_API_KEY", "API key of the client that `orderpipe mcp` acts for (dev.env has the dev client's)", "", "none")
 
 // Command is `orderpipe mcp`: the tools over stdio for the client of
-// ORDERPIPE_API_KEY. newIntake builds the intake service on the process's
-// connections (main passes producer's).
-func Command(newIntake func(env *app.Env) (Intake, error)) cli.Command {
+// ORDERPIPE_API_KEY. intake reads the intake's settings, before anything
+// connects (a bad one is a usage error naming it), and returns what builds
+// the intake service on the process's connections (main passes
+// producer's); intakeEnv names the variables it reads, for the help.
+func Command(intake func() (func(env *app.Env) (Intake, error), error), intakeEnv ...string) cli.Command {
 	return cli.Command{
 		Name:    "mcp",
 		Summary: "serve the MCP tools (create_order, get_order, wait_for_order) over stdio for the client of ORDERPIPE_API_KEY",
 		Usage:   "",
-		Env:     cli.Join(cli.Common, EnvAPIKey.Name, config.EnvAllowPrivateCallbacks),
+		Env:     cli.Join(cli.Common, append([]string{EnvAPIKey.Name, config.EnvAllowPrivateCallbacks}, intakeEnv...)...),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			if len(inv.Args) > 0 {
 				return cli.Usagef("mcp takes no arguments")
+			}
+			newIntake, err := intake()
+			if err != nil {
+				return cli.Usagef("bad environment:\n%v", err)
 			}
 			apiKey, _ := EnvAPIKey.Get()
 			return RunStdio(ctx, inv.Config, apiKey, os.Stdin, inv.Stdout, inv.Stderr, newIntake)
