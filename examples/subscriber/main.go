@@ -121,6 +121,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if len(errs) > 0 {
 		return config{}, errors.Join(errs...)
 	}
+	// A flag given twice is refused: the last value would win silently.
+	given := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { f.Value = &once{Value: f.Value, name: f.Name, given: given} })
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -128,6 +131,31 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return config{}, fmt.Errorf("unexpected argument %q (the subscriber takes flags only)", fs.Arg(0))
 	}
 	return c, c.check()
+}
+
+// once is a flag's value that may be set once (the subscriber has no
+// boolean flags).
+type once struct {
+	flag.Value
+	name  string
+	given map[string]bool
+}
+
+func (o *once) Set(v string) error {
+	if o.given[o.name] {
+		return errors.New("given twice")
+	}
+	o.given[o.name] = true
+	return o.Value.Set(v)
+}
+
+// String is the value's; the zero once (which -h makes to tell a default
+// from a zero value) has none.
+func (o *once) String() string {
+	if o == nil || o.Value == nil {
+		return ""
+	}
+	return o.Value.String()
 }
 
 func (c config) check() error {

@@ -494,6 +494,7 @@ func TestBadFlagsAndEnvironment(t *testing.T) {
 		{"no database", nil, nil, "--database-url (or DATABASE_URL) is required"},
 		{"bad database URL", []string{"--database-url", "postgres://h:notaport/db"}, nil, "--database-url: not a PostgreSQL URL"},
 		{"unknown flag", []string{"--database-url", db, "--nope"}, nil, "flag provided but not defined: -nope"},
+		{"flag twice", []string{"--database-url", db, "--batch", "5", "--batch=7"}, nil, `invalid value "7" for flag -batch: given twice`},
 		{"argument", []string{"--database-url", db, "run"}, nil, `unexpected argument "run"`},
 		{"batch zero", []string{"--database-url", db, "--batch", "0"}, nil, "--batch 0: want 1..1000"},
 		{"batch word", []string{"--database-url", db, "--batch", "ten"}, nil, `invalid value "ten" for flag -batch`},
@@ -540,7 +541,8 @@ func TestFlagsWinOverEnvironment(t *testing.T) {
 		t.Errorf("default topology: %s %s", cfg.stream, cfg.prefix)
 	}
 	var out testenv.Buffer
-	if code := run(t.Context(), []string{"-h"}, noEnv, &out); code != exitOK || !strings.Contains(out.String(), "-durable") {
+	if code := run(t.Context(), []string{"-h"}, noEnv, &out); code != exitOK || !strings.Contains(out.String(), "-durable") ||
+		!strings.Contains(out.String(), "(default 30s)") || strings.Contains(out.String(), "panic") {
 		t.Errorf("-h: exit %d, output %q", code, out.String())
 	}
 }
