@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 
 	"orderpipe/compensator"
 	"orderpipe/consumers"
@@ -10,7 +9,6 @@ import (
 	"orderpipe/producer"
 	"orderpipe/shared/app"
 	"orderpipe/shared/config"
-	"orderpipe/shared/psp"
 	"orderpipe/shared/stock"
 	"orderpipe/shared/tooling/devenv"
 	"orderpipe/shared/tooling/pspserver"
@@ -41,13 +39,11 @@ func devParts() []devenv.Part {
 		}},
 		{Name: "consumers", Seed: stock.Seed, Env: consumers.Command().Env, Start: consumers.Start, Check: func(cfg config.Config) error {
 			_, err := consumers.ConfigFromEnv(cfg.ShutdownTimeout)
-			_, perr := psp.EnvTimeout.Get()
-			return errors.Join(err, perr)
+			return err
 		}},
 		{Name: "compensator", Env: compensator.Command().Env, Start: compensator.Start, Check: func(config.Config) error {
-			_, err := compensator.ConsumerHorizon()
-			_, perr := psp.EnvTimeout.Get()
-			return errors.Join(err, perr)
+			_, err := compensator.SettingsFromEnv()
+			return err
 		}},
 		{Name: "webhooks", Env: []string{webhook.EnvConcurrency.Name, webhook.EnvPerClient.Name, webhook.EnvTimeout.Name}, Start: webhook.Start, Check: func(config.Config) error {
 			_, err := webhook.SettingsFromEnv()

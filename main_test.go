@@ -594,3 +594,22 @@ func TestMCPChecksTheIntakesSettingsFirst(t *testing.T) {
 		os.Unsetenv(tc.name)
 	}
 }
+
+// TestPartsCheckThePaymentTimeoutFirst: `consumers` and `compensator`
+// refuse a bad ORDERPIPE_PSP_TIMEOUT before they connect, naming it, as
+// dev does. Before, both read it when they built the provider's client,
+// after connecting: here they failed on the closed port instead.
+func TestPartsCheckThePaymentTimeoutFirst(t *testing.T) {
+	cleanEnv(t)
+	closed := strconv.Itoa(testenv.ClosedPort(t))
+	t.Setenv(config.EnvDatabaseURL, "postgres://postgres@127.0.0.1:"+closed+"/x?sslmode=disable&connect_timeout=2")
+	t.Setenv(config.EnvNATSURL, "nats://127.0.0.1:"+closed)
+	t.Setenv(config.EnvPSPURL, "http://127.0.0.1:"+closed)
+	t.Setenv("ORDERPIPE_PSP_TIMEOUT", "-1s")
+	for _, cmd := range []string{"consumers", "compensator"} {
+		code, out, errOut := orderpipe(t, cmd)
+		if code == 0 || out != "" || !strings.Contains(errOut, "ORDERPIPE_PSP_TIMEOUT") || !strings.Contains(errOut, "-1s") {
+			t.Errorf("%s with ORDERPIPE_PSP_TIMEOUT=-1s: exit %d, stdout %q, stderr %q; want a failure naming the variable and value", cmd, code, out, errOut)
+		}
+	}
+}

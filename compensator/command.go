@@ -68,7 +68,7 @@ func (f *flags) config(set map[string]bool) (Config, error) {
 		DedupeRetention: f.dedupeRetention, OutboxRetention: f.outboxRetention, DryRun: f.dryRun, Once: f.once || f.dryRun, Force: f.force,
 	}
 	var err error
-	if cfg.ConsumerHorizon, err = ConsumerHorizon(); err != nil {
+	if cfg.ConsumerHorizon, err = SettingsFromEnv(); err != nil {
 		return Config{}, err
 	}
 	if f.maxAttempts == 0 {
@@ -226,7 +226,7 @@ func Start(ctx context.Context, env *app.Env) (wait func() error, err error) {
 	if err != nil {
 		return nil, err
 	}
-	horizon, err := ConsumerHorizon()
+	horizon, err := SettingsFromEnv()
 	if err != nil {
 		return nil, err
 	}

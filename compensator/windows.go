@@ -1,11 +1,24 @@
 package compensator
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
+	"orderpipe/shared/psp"
 	"orderpipe/shared/redelivery"
 )
+
+// SettingsFromEnv reads what the compensator takes from the environment
+// when it starts, so that a bad value stops it before it connects: the
+// consumers' redelivery horizon (ConsumerHorizon), which it returns, and
+// the payment provider's timeout (ORDERPIPE_PSP_TIMEOUT), which it checks
+// for the client built later.
+func SettingsFromEnv() (horizon time.Duration, err error) {
+	horizon, err = ConsumerHorizon()
+	_, perr := psp.EnvTimeout.Get()
+	return horizon, errors.Join(err, perr)
+}
 
 // ConsumerHorizon is the consumers' redelivery horizon with their policy as
 // this process's environment sets it (ORDERPIPE_CONSUMER_ACK_WAIT,

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"orderpipe/shared/config"
+	"orderpipe/shared/psp"
 	"orderpipe/shared/redelivery"
 )
 
@@ -52,12 +53,15 @@ func Default() Config {
 }
 
 // ConfigFromEnv returns Default with the environment's overrides; drain is
-// the process's shutdown timeout.
+// the process's shutdown timeout. It checks ORDERPIPE_PSP_TIMEOUT too,
+// which the payment step's client reads when Steps builds it, so that
+// every setting of the process is checked before it connects.
 func ConfigFromEnv(drain time.Duration) (Config, error) {
 	c := Default()
 	var err error
 	c.Policy, err = redelivery.FromEnv()
-	err = errors.Join(err, EnvWorkers.Into(&c.Workers))
+	_, perr := psp.EnvTimeout.Get()
+	err = errors.Join(err, EnvWorkers.Into(&c.Workers), perr)
 	if drain > 0 {
 		c.DrainTimeout = drain
 	}
