@@ -283,13 +283,13 @@ func (c *Compensator) lockLost(ctx context.Context, tx pgx.Tx, lost []lostEvent)
 	if err != nil {
 		return nil, fmt.Errorf("check the orders whose event the broker lost: %w", err)
 	}
-	type now struct {
+	type state struct {
 		status   string
 		outboxID int64
 	}
-	current := map[uuid.UUID]now{}
+	current := map[uuid.UUID]state{}
 	var id uuid.UUID
-	var x now
+	var x state
 	if _, err := pgx.ForEachRow(rows, []any{&id, &x.status, &x.outboxID}, func() error {
 		current[id] = x
 		return nil
