@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -463,4 +465,54 @@ func TestClientFromEnv(t *testing.T) {
 			t.Errorf("%s=%q accepted", psp.EnvTimeout.Name, bad)
 		}
 	}
+}
+
+// TestConcurrentCallsReuseTheirConnections: the payment step calls the
+// provider from every worker at once. Each round of concurrent calls must
+// find the connections of the round before idle, not dial new ones (and,
+// with a provider over TLS, shake hands again) because the client keeps
+// only a couple of them.
+func TestConcurrentCallsReuseTheirConnections(t *testing.T) {
+	t.Parallel()
+	const callers, rounds = 64, 5
+	var mu sync.Mutex
+	opened := 0
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
+	}))
+	hs.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			opened++
+			mu.Unlock()
+		}
+	}
+	hs.Start()
+	defer hs.Close()
+	c := psp.NewClient(hs.URL, 5*time.Second)
+	for r := range rounds {
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		for i := range callers {
+			wg.Go(func() {
+				if _, err := c.Charge(t.Context(), fmt.Sprintf("charge:%d:%d", r, i), "1.00", "CNY", "r"); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// At most one connection per concurrent caller, with room for a round
+	// that starts before the last one's connections are back in the pool.
+	if opened > 2*callers {
+		t.Fatalf("%d rounds of %d concurrent calls opened %d connections; want at most %d", rounds, callers, opened, 2*callers)
+	}
+	t.Logf("%d calls over %d connections", rounds*callers, opened)
 }
