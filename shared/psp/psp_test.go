@@ -3,6 +3,7 @@ package psp_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -515,4 +516,67 @@ func TestConcurrentCallsReuseTheirConnections(t *testing.T) {
 		t.Fatalf("%d rounds of %d concurrent calls opened %d connections; want at most %d", rounds, callers, opened, 2*callers)
 	}
 	t.Logf("%d calls over %d connections", rounds*callers, opened)
+}
+
+// TestAChargeWithoutLatencyIsWrittenOnce: with no latency nothing is in
+// flight for a repeat to see, so the stand-in records a charge decided, in
+// one statement, instead of recording it in flight and then deciding it
+// (two commits per charge on the pipeline's PostgreSQL in every end-to-end
+// benchmark). With latency, and for a key abandoned in flight that it
+// takes over, the charge goes through in flight as before.
+func TestAChargeWithoutLatencyIsWrittenOnce(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t)
+	ctx := t.Context()
+	decidedAtOnce := func(key string) bool {
+		t.Helper()
+		return s.count(t, `SELECT count(*) FROM psp_charges WHERE idempotency_key = $1 AND completed_at = created_at`, key) == 1
+	}
+	for _, tc := range []struct {
+		opts  pspserver.Options
+		key   string
+		state string
+	}{
+		{pspserver.Options{}, "k-once-ok", psp.StatusSucceeded},
+		{pspserver.Options{DeclineRate: 1}, "k-once-declined", psp.StatusDeclined},
+	} {
+		a, err := s.client(t, tc.opts).Charge(ctx, tc.key, "3.00", "CNY", tc.key)
+		if err != nil || a.Status != tc.state {
+			t.Fatalf("%s: %+v, %v; want %s", tc.key, a, err, tc.state)
+		}
+		if !decidedAtOnce(tc.key) {
+			t.Fatalf("%s: the charge was not decided in the statement that recorded it", tc.key)
+		}
+	}
+	timedOut := psp.NewClient(s.serve(t, pspserver.Options{TimeoutRate: 1, Hang: time.Second}), 100*time.Millisecond)
+	if _, err := timedOut.Charge(ctx, "k-once-timeout", "3.00", "CNY", "r"); !psp.IsTransient(err) {
+		t.Fatalf("charge then time out: %v, want transient", err)
+	}
+	if s.count(t, `SELECT count(*) FROM psp_charges WHERE idempotency_key = 'k-once-timeout' AND state = 'succeeded'`) != 1 || !decidedAtOnce("k-once-timeout") {
+		t.Fatal("a charge that then timed out was not recorded charged at once")
+	}
+
+	// With latency the key is in flight meanwhile (a repeat gets 409).
+	slow := s.client(t, pspserver.Options{Latency: 50 * time.Millisecond})
+	if a, err := slow.Charge(ctx, "k-once-slow", "3.00", "CNY", "r"); err != nil || a.Status != psp.StatusSucceeded {
+		t.Fatalf("slow charge: %+v, %v", a, err)
+	}
+	if s.count(t, `SELECT count(*) FROM psp_charges WHERE idempotency_key = 'k-once-slow' AND completed_at >= created_at + interval '50 milliseconds'`) != 1 {
+		t.Fatal("a charge with latency was decided before its latency passed")
+	}
+
+	// A key left in flight by a stand-in that died is taken over and decided.
+	fp := sha256.Sum256([]byte("charge\x003.00\x00CNY\x00r\x00"))
+	if _, err := s.db.Pool.Exec(ctx, `
+		INSERT INTO psp_charges (idempotency_key, fingerprint, state, charge_id, amount, currency, reference, created_at)
+		VALUES ('k-once-stale', $1, 'in_flight', 'ch_stale', 3.00, 'CNY', 'r', now() - interval '1 hour')`, fp[:]); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.client(t, pspserver.Options{}).Charge(ctx, "k-once-stale", "3.00", "CNY", "r")
+	if err != nil || a.Status != psp.StatusSucceeded || a.ID != "ch_stale" {
+		t.Fatalf("charge of an abandoned key: %+v, %v; want ch_stale succeeded", a, err)
+	}
+	if s.count(t, `SELECT count(*) FROM psp_charges WHERE idempotency_key = 'k-once-stale' AND state = 'succeeded' AND completed_at IS NOT NULL`) != 1 {
+		t.Fatal("the abandoned key was not decided")
+	}
 }
