@@ -73,14 +73,19 @@ func NewClient(opts ClientOptions) *http.Client {
 		dialer.Control = dialControl
 	}
 	tr := &http.Transport{
-		Proxy:                  nil, // a proxy would dial on our behalf, past the check
-		DialContext:            dialer.DialContext,
-		TLSClientConfig:        opts.TLSConfig,
-		TLSHandshakeTimeout:    opts.Timeout,
-		ResponseHeaderTimeout:  opts.Timeout,
-		ExpectContinueTimeout:  time.Second,
+		Proxy:                 nil, // a proxy would dial on our behalf, past the check
+		DialContext:           dialer.DialContext,
+		TLSClientConfig:       opts.TLSConfig,
+		TLSHandshakeTimeout:   opts.Timeout,
+		ResponseHeaderTimeout: opts.Timeout,
+		ExpectContinueTimeout: time.Second,
+		// As many idle per host as in all: many clients may share one
+		// receiver, sent to by every worker at once, and each send that
+		// found no idle connection dialled and shook hands anew. Idle
+		// connections are only those that sends opened at once; they
+		// close after IdleConnTimeout.
 		MaxIdleConns:           100,
-		MaxIdleConnsPerHost:    4,
+		MaxIdleConnsPerHost:    100,
 		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: 16 << 10,
 		ForceAttemptHTTP2:      true,

@@ -233,3 +233,48 @@ func delivery(url string) webhook.Delivery {
 	id := uuid.New()
 	return webhook.Delivery{WebhookID: webhook.ID(id, 1), OrderID: id, Seq: 1, URL: url, Payload: []byte(`{"type":"order.status_changed"}`)}
 }
+
+// TestConcurrentSendsToOneHostReuseTheirConnections: many clients may
+// share one receiver (a platform's endpoint), and the webhook workers send
+// to it at once. Each round of concurrent sends must find the connections
+// of the round before idle, not dial (and shake TLS hands) again because
+// the client keeps only a few per host.
+func TestConcurrentSendsToOneHostReuseTheirConnections(t *testing.T) {
+	t.Parallel()
+	const senders, rounds = 16, 5
+	var opened atomic.Int64
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	hs.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	hs.StartTLS()
+	defer hs.Close()
+	c := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: hs.Client().Transport.(*http.Transport).TLSClientConfig})
+	for range rounds {
+		errs := make(chan error, senders)
+		for range senders {
+			go func() {
+				req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, hs.URL, strings.NewReader("{}"))
+				if err == nil {
+					var resp *http.Response
+					if resp, err = c.Do(req); err == nil {
+						err = resp.Body.Close()
+					}
+				}
+				errs <- err
+			}()
+		}
+		for range senders {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := opened.Load(); n > 2*senders {
+		t.Fatalf("%d rounds of %d concurrent sends to one host opened %d connections; want at most %d", rounds, senders, n, 2*senders)
+	}
+}
