@@ -30,7 +30,8 @@ import (
 // Options make the stand-in behave like a real provider on a bad day.
 type Options struct {
 	// Latency is added to every charge and refund before it is decided
-	// (the key is in flight meanwhile: a repeat gets 409).
+	// (the key is in flight meanwhile: a repeat gets 409). With none, a
+	// charge is recorded decided at once, in one statement.
 	Latency time.Duration
 	// DeclineRate is the share of new charges declined (402).
 	DeclineRate float64
