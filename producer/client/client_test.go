@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,5 +263,42 @@ func TestNewTokenRetriesOnlyWhatIsTransient(t *testing.T) {
 	var p *client.Problem
 	if _, err := newClient(t, s).NewToken(t.Context()); !errors.As(err, &p) || p.Code != 202 || len(s.keys) != 1 {
 		t.Fatalf("unauthenticated: %v after %d attempts", err, len(s.keys))
+	}
+}
+
+// TestConcurrentCallsReuseTheirConnections: a shop backend creates orders
+// from many goroutines through one client. Each round of concurrent calls
+// must find the connections of the round before idle, not dial (and shake
+// TLS hands with the intake) again because the client keeps only a couple
+// of them.
+func TestConcurrentCallsReuseTheirConnections(t *testing.T) {
+	t.Parallel()
+	const callers, rounds = 32, 5
+	var opened atomic.Int64
+	srv := httptest.NewUnstartedServer(&script{answers: []func(http.ResponseWriter){orderAnswer(202)}})
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	c := client.New(srv.URL, "opk_test")
+	for range rounds {
+		errs := make(chan error, callers)
+		for range callers {
+			go func() {
+				_, err := c.CreateOrder(t.Context(), req)
+				errs <- err
+			}()
+		}
+		for range callers {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := opened.Load(); n > 2*callers {
+		t.Fatalf("%d rounds of %d concurrent calls opened %d connections; want at most %d", rounds, callers, n, 2*callers)
 	}
 }

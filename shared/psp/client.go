@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"orderpipe/shared/keepalive"
 )
 
 // Client calls a payment provider that speaks the wire contract. It is safe
@@ -33,22 +35,10 @@ type Client struct {
 	Timeout time.Duration
 }
 
-// idlePerHost bounds the idle connections the client keeps to the
-// provider (one host). Net/http keeps 2 by default: of the payment step's
-// concurrent calls (a worker each, ORDERPIPE_CONSUMER_WORKERS) all but two
-// closed their connection after the answer, and the next calls dialled new
-// ones (and shook hands again over TLS). A connection is kept idle only
-// once it was opened for a call, so the idle ones never outnumber the
-// calls that ran at once; they close after 90 s unused.
-const idlePerHost = 1024
-
-// pooled is the HTTP client of a Client without one of its own.
-var pooled = func() *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns = idlePerHost
-	tr.MaxIdleConnsPerHost = idlePerHost
-	return &http.Client{Transport: tr}
-}()
+// pooled is the HTTP client of a Client without one of its own: it keeps
+// a connection per concurrent call idle for the next one (the payment
+// step calls the provider from each of its workers at once).
+var pooled = keepalive.Client()
 
 // NewClient returns a client of baseURL with the given per-attempt timeout
 // (0: 10s).
