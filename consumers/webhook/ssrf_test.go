@@ -18,6 +18,7 @@ import (
 
 	"orderpipe/consumers/webhook"
 	"orderpipe/shared/callbackurl"
+	"orderpipe/shared/tooling/testenv"
 )
 
 // TestSendTimeRuleIsTheIntakeRule: the sender checks callback URLs and
@@ -73,16 +74,7 @@ func FuzzCheckURL(f *testing.F) {
 // connections it accepts.
 func tlsServer(t *testing.T, h http.Handler) (*httptest.Server, *atomic.Int64) {
 	t.Helper()
-	var conns atomic.Int64
-	srv := httptest.NewUnstartedServer(h)
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	return srv, &conns
+	return testenv.CountingServer(t, h, true)
 }
 
 func trust(srv *httptest.Server) *tls.Config {
@@ -242,39 +234,23 @@ func delivery(url string) webhook.Delivery {
 func TestConcurrentSendsToOneHostReuseTheirConnections(t *testing.T) {
 	t.Parallel()
 	const senders, rounds = 16, 5
-	var opened atomic.Int64
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	hs, opened := testenv.CountingServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
-	}))
-	hs.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			opened.Add(1)
+	}), false)
+	c := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true})
+	testenv.ConcurrentRounds(t, rounds, senders, func(int, int) error {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, hs.URL, strings.NewReader("{}"))
+		if err != nil {
+			return err
 		}
-	}
-	hs.StartTLS()
-	defer hs.Close()
-	c := webhook.NewClient(webhook.ClientOptions{AllowPrivate: true, TLSConfig: hs.Client().Transport.(*http.Transport).TLSClientConfig})
-	for range rounds {
-		errs := make(chan error, senders)
-		for range senders {
-			go func() {
-				req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, hs.URL, strings.NewReader("{}"))
-				if err == nil {
-					var resp *http.Response
-					if resp, err = c.Do(req); err == nil {
-						err = resp.Body.Close()
-					}
-				}
-				errs <- err
-			}()
+		resp, err := c.Do(req)
+		if err != nil {
+			return err
 		}
-		for range senders {
-			if err := <-errs; err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+		return resp.Body.Close()
+	})
 	if n := opened.Load(); n > 2*senders {
 		t.Fatalf("%d rounds of %d concurrent sends to one host opened %d connections; want at most %d", rounds, senders, n, 2*senders)
 	}
+	t.Logf("%d sends over %d connections", rounds*senders, opened.Load())
 }

@@ -5,12 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -274,30 +272,12 @@ func TestNewTokenRetriesOnlyWhatIsTransient(t *testing.T) {
 func TestConcurrentCallsReuseTheirConnections(t *testing.T) {
 	t.Parallel()
 	const callers, rounds = 32, 5
-	var opened atomic.Int64
-	srv := httptest.NewUnstartedServer(&script{answers: []func(http.ResponseWriter){orderAnswer(202)}})
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			opened.Add(1)
-		}
-	}
-	srv.Start()
-	defer srv.Close()
+	srv, opened := testenv.CountingServer(t, &script{answers: []func(http.ResponseWriter){orderAnswer(202)}}, false)
 	c := client.New(srv.URL, "opk_test")
-	for range rounds {
-		errs := make(chan error, callers)
-		for range callers {
-			go func() {
-				_, err := c.CreateOrder(t.Context(), req)
-				errs <- err
-			}()
-		}
-		for range callers {
-			if err := <-errs; err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	testenv.ConcurrentRounds(t, rounds, callers, func(int, int) error {
+		_, err := c.CreateOrder(t.Context(), req)
+		return err
+	})
 	if n := opened.Load(); n > 2*callers {
 		t.Fatalf("%d rounds of %d concurrent calls opened %d connections; want at most %d", rounds, callers, n, 2*callers)
 	}

@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -476,46 +475,21 @@ func TestClientFromEnv(t *testing.T) {
 func TestConcurrentCallsReuseTheirConnections(t *testing.T) {
 	t.Parallel()
 	const callers, rounds = 64, 5
-	var mu sync.Mutex
-	opened := 0
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	hs, opened := testenv.CountingServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
-	}))
-	hs.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			mu.Lock()
-			opened++
-			mu.Unlock()
-		}
-	}
-	hs.Start()
-	defer hs.Close()
+	}), false)
 	c := psp.NewClient(hs.URL, 5*time.Second)
-	for r := range rounds {
-		var wg sync.WaitGroup
-		errs := make(chan error, callers)
-		for i := range callers {
-			wg.Go(func() {
-				if _, err := c.Charge(t.Context(), fmt.Sprintf("charge:%d:%d", r, i), "1.00", "CNY", "r"); err != nil {
-					errs <- err
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
+	testenv.ConcurrentRounds(t, rounds, callers, func(r, i int) error {
+		_, err := c.Charge(t.Context(), fmt.Sprintf("charge:%d:%d", r, i), "1.00", "CNY", "r")
+		return err
+	})
 	// At most one connection per concurrent caller, with room for a round
 	// that starts before the last one's connections are back in the pool.
-	if opened > 2*callers {
-		t.Fatalf("%d rounds of %d concurrent calls opened %d connections; want at most %d", rounds, callers, opened, 2*callers)
+	if n := opened.Load(); n > 2*callers {
+		t.Fatalf("%d rounds of %d concurrent calls opened %d connections; want at most %d", rounds, callers, n, 2*callers)
 	}
-	t.Logf("%d calls over %d connections", rounds*callers, opened)
+	t.Logf("%d calls over %d connections", rounds*callers, opened.Load())
 }
 
 // TestAChargeWithoutLatencyIsWrittenOnce: with no latency nothing is in
