@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+	pgxuuid "github.com/vgarvardt/pgx-google-uuid/v5"
 
 	"orderpipe/migrations"
 	"orderpipe/shared/config"
@@ -139,6 +140,7 @@ func OpenSized(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, er
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
+	cfg.AfterConnect = RegisterTypes
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)
@@ -150,6 +152,19 @@ func OpenSized(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, er
 		return nil, fmt.Errorf("connect to PostgreSQL at %s: %w", redact(cfg), err)
 	}
 	return pool, nil
+}
+
+// RegisterTypes teaches a connection the Go types that pgx does not know:
+// google/uuid's UUID, which every order, client and event id is. pgx took
+// it for a database/sql Valuer: each one sent went to its text form,
+// failed to encode as a uuid (an error built and dropped), was parsed back
+// and encoded again, in every statement and array of ids. With
+// pgx-google-uuid's plan it is copied as its 16 bytes. Reading is as
+// before (pgx prefers uuid.UUID's database/sql Scan to any registered
+// plan), and a uuid read into an any is a uuid.UUID, not a [16]byte.
+func RegisterTypes(_ context.Context, conn *pgx.Conn) error {
+	pgxuuid.Register(conn.TypeMap())
+	return nil
 }
 
 func redact(cfg *pgxpool.Config) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"regexp"
 	"slices"
@@ -13,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/migrations"
@@ -422,5 +425,54 @@ func TestOpenSized(t *testing.T) {
 	if pool, err := postgres.OpenSized(ctx, db.URL, 1<<32+1); err == nil {
 		t.Errorf("OpenSized(url, 1<<32+1): a pool of %d, want an error", pool.Config().MaxConns)
 		pool.Close()
+	}
+}
+
+// TestUUIDsAreCopiedNotFormatted: pgx took google/uuid's UUID for a
+// database/sql Valuer: every id sent went to its text form, failed to
+// encode as a uuid (an error built and dropped), and was parsed back. The
+// pools of Open encode it as its 16 bytes, and what is read back is the
+// same (reading still goes through uuid.UUID's Scan: pgx prefers a
+// database/sql Scanner to any registered plan).
+func TestUUIDsAreCopiedNotFormatted(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	pool := testenv.Pool(t, db.URL)
+	ctx := t.Context()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tm := conn.Conn().TypeMap()
+	for _, v := range []any{uuid.UUID{}, []uuid.UUID{{}}} {
+		oid := uint32(pgtype.UUIDOID)
+		if _, ok := v.([]uuid.UUID); ok {
+			oid = pgtype.UUIDArrayOID
+		}
+		plan := tm.PlanEncode(oid, pgtype.BinaryFormatCode, v)
+		if plan == nil || strings.Contains(fmt.Sprintf("%T", plan), "DriverValuer") {
+			t.Errorf("%T is encoded by %T: through its text form", v, plan)
+		}
+	}
+
+	ids := []uuid.UUID{uuid.New(), uuid.Must(uuid.NewV7())}
+	var back []uuid.UUID
+	var one uuid.UUID
+	var text string
+	if err := pool.QueryRow(ctx, `SELECT $1::uuid[], ($1::uuid[])[2], ($1::uuid[])[1]::text`, ids).Scan(&back, &one, &text); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(back, ids) || one != ids[1] || text != ids[0].String() {
+		t.Fatalf("read back %v, %v, %q; want %v, %v, %q", back, one, text, ids, ids[1], ids[0])
+	}
+	var null uuid.NullUUID
+	var ptr *uuid.UUID
+	if err := pool.QueryRow(ctx, `SELECT NULL::uuid, NULL::uuid`).Scan(&null, &ptr); err != nil || null.Valid || ptr != nil {
+		t.Fatalf("NULL read as %+v, %v: %v", null, ptr, err)
+	}
+	var wasString bool
+	if err := pool.QueryRow(ctx, `SELECT $1::uuid = $2::uuid`, ids[0], ids[0].String()).Scan(&wasString); err != nil || !wasString {
+		t.Fatalf("a uuid given as a string: %v, %v", wasString, err)
 	}
 }
