@@ -64,8 +64,9 @@ type Client struct {
 	baseURL string
 	apiKey  string
 	// HTTP is the transport; its own Timeout should be 0 (the client sets
-	// a deadline per attempt). New sets one that every client it returns
-	// shares, which keeps a connection per concurrent call idle.
+	// a deadline per attempt). New sets one of its own on a transport
+	// that every client it returns shares, which keeps a connection per
+	// concurrent call idle.
 	HTTP *http.Client
 	// AttemptTimeout bounds one attempt; keep it above the server deadline.
 	AttemptTimeout time.Duration
@@ -78,18 +79,18 @@ type Client struct {
 	OnRetry func(attempt int, err error, wait time.Duration)
 }
 
-// pooled is the HTTP client of every Client that New returns: it keeps a
-// connection per concurrent call idle for the next one, where net/http's
+// transport is the transport of every Client that New returns: it keeps
+// a connection per concurrent call idle for the next one, where net/http's
 // default keeps two per host (a backend's concurrent calls dialled, and
 // shook TLS hands, again and again).
-var pooled = keepalive.Client()
+var transport = keepalive.Transport()
 
 // New returns a client of the intake at baseURL (e.g. http://localhost:8080)
 // authenticating with apiKey, with the default timeouts.
 func New(baseURL, apiKey string) *Client {
 	return &Client{
 		baseURL: strings.TrimRight(baseURL, "/"), apiKey: apiKey,
-		HTTP: pooled, AttemptTimeout: DefaultAttemptTimeout, Budget: DefaultBudget,
+		HTTP: &http.Client{Transport: transport}, AttemptTimeout: DefaultAttemptTimeout, Budget: DefaultBudget,
 		BaseBackoff: DefaultBaseBackoff, MaxBackoff: DefaultMaxBackoff,
 	}
 }

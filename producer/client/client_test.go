@@ -282,4 +282,8 @@ func TestConcurrentCallsReuseTheirConnections(t *testing.T) {
 		t.Fatalf("%d rounds of %d concurrent calls opened %d connections; want at most %d", rounds, callers, n, 2*callers)
 	}
 	t.Logf("%d calls over %d connections", rounds*callers, opened.Load())
+	// The pool is shared, the http.Client is each client's own to change.
+	if a, b := client.New(srv.URL, "k"), client.New(srv.URL, "k"); a.HTTP == b.HTTP || a.HTTP.Transport != b.HTTP.Transport {
+		t.Fatal("two clients of New share their http.Client, or not their transport")
+	}
 }

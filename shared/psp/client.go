@@ -38,7 +38,7 @@ type Client struct {
 // pooled is the HTTP client of a Client without one of its own: it keeps
 // a connection per concurrent call idle for the next one (the payment
 // step calls the provider from each of its workers at once).
-var pooled = keepalive.Client()
+var pooled = &http.Client{Transport: keepalive.Transport()}
 
 // NewClient returns a client of baseURL with the given per-attempt timeout
 // (0: 10s).
