@@ -183,16 +183,13 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	fp := fingerprint("charge", req.Amount, req.Currency, req.Reference)
 	chargeID := "ch_" + uuid.NewString()
-	// With no latency nothing needs to be in flight: the outcome is drawn
-	// first and the charge recorded decided, one statement instead of two.
-	// An injected error records nothing, so it goes the way in flight: a
-	// repeat of a decided key gets its answer, not the error.
-	o, drawn := outcomeSucceed, false
-	if s.opts.Latency == 0 {
-		o, drawn = s.draw(true), true
-	}
+	// The outcome is drawn first. With no latency nothing needs to be in
+	// flight: the charge is recorded decided, one statement instead of
+	// two. An injected error records nothing, so it goes the way in
+	// flight: a repeat of a decided key gets its answer, not the error.
+	o := s.draw(true)
 	state, reason := "in_flight", ""
-	if drawn {
+	if s.opts.Latency == 0 {
 		state, reason = chargeState(o)
 	}
 	var inserted bool
@@ -216,17 +213,14 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 			_, _ = s.pool.Exec(context.WithoutCancel(ctx), `DELETE FROM psp_charges WHERE idempotency_key = $1 AND state = 'in_flight'`, key)
 			return
 		}
-		if !drawn {
-			o = s.draw(true)
-		}
 		if o == outcomeError {
 			// Nothing was charged: forget the key so that a retry decides afresh.
 			_, _ = s.pool.Exec(context.WithoutCancel(ctx), `DELETE FROM psp_charges WHERE idempotency_key = $1 AND state = 'in_flight'`, key)
 			problem(w, http.StatusInternalServerError, "provider_error", "injected provider error")
 			return
 		}
-		final, reason := chargeState(o)
-		if !s.finishCharge(w, ctx, key, final, reason) {
+		state, reason = chargeState(o)
+		if !s.finishCharge(w, ctx, key, state, reason) {
 			return
 		}
 	}
