@@ -177,6 +177,7 @@ var (
 	EnvPSPURL                = Register("PSP_URL", "base URL of the payment provider (an http(s) URL)", "dev: the built-in stand-in")
 	EnvDataDir               = Register("ORDERPIPE_DATA_DIR", "where `dev` keeps its PostgreSQL and JetStream data", DefaultDataDir)
 	EnvDevNATSSyncAlways     = Register("ORDERPIPE_DEV_NATS_SYNC_ALWAYS", "`dev`'s embedded JetStream fsyncs every message before acknowledging it (sync_interval: always) instead of once a second", "off")
+	EnvDevPGStatements       = Register("ORDERPIPE_DEV_PG_STATEMENTS", "`dev`'s PostgreSQL keeps per-statement statistics (pg_stat_statements), which `bench` then reports", "off")
 	EnvAllowPrivateCallbacks = Register("ORDERPIPE_ALLOW_PRIVATE_CALLBACKS", "let callback URLs be http and point at private/loopback addresses (dev, tests)", "off")
 	EnvLogFormat             = Register("ORDERPIPE_LOG_FORMAT", "log format: json or text", "json (text in dev)")
 	EnvLogLevel              = Register("ORDERPIPE_LOG_LEVEL", "log level: debug, info, warn, error", DefaultLogLevel)
@@ -225,6 +226,9 @@ type Config struct {
 	DBMaxConns int
 	// DevNATSSyncAlways makes `dev`'s embedded broker fsync every message.
 	DevNATSSyncAlways bool
+	// DevPGStatements makes `dev`'s PostgreSQL keep per-statement
+	// statistics (the pg_stat_statements extension).
+	DevPGStatements bool
 }
 
 // FromEnv reads Config from the environment with defaults and validates
@@ -265,6 +269,9 @@ func fromLookup(lookup func(string) (string, bool)) (Config, error) {
 	}
 	if c.DevNATSSyncAlways, err = ParseBool(get(EnvDevNATSSyncAlways, "off")); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", EnvDevNATSSyncAlways, err))
+	}
+	if c.DevPGStatements, err = ParseBool(get(EnvDevPGStatements, "off")); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", EnvDevPGStatements, err))
 	}
 	if c.AllowPrivateCallbacks, err = ParseBool(get(EnvAllowPrivateCallbacks, "off")); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", EnvAllowPrivateCallbacks, err))

@@ -39,6 +39,7 @@ func TestMalformed(t *testing.T) {
 		{EnvDBMaxConns.Name, "10001"},
 		{EnvDBMaxConns.Name, "4294967297"}, // a pool of 1 once truncated to int32
 		{EnvDevNATSSyncAlways, "sometimes"},
+		{EnvDevPGStatements, "maybe"},
 	}
 	for _, c := range cases {
 		_, err := fromLookup(lookup(map[string]string{c.name: c.value}))

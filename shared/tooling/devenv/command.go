@@ -43,7 +43,7 @@ func Command(parts []Part) cli.Command {
 		Summary: "run the whole pipeline in one process: managed PostgreSQL, embedded NATS, every part; writes $ORDERPIPE_DATA_DIR/dev.env",
 		Usage:   "[PART...]",
 		Env: cli.Join(cli.Common, append([]string{config.EnvHTTPAddr, config.EnvPSPURL, config.EnvDataDir,
-			config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout, config.EnvDevNATSSyncAlways}, partsEnv(parts)...)...),
+			config.EnvAllowPrivateCallbacks, config.EnvShutdownTimeout, config.EnvDevNATSSyncAlways, config.EnvDevPGStatements}, partsEnv(parts)...)...),
 		Run: func(ctx context.Context, inv cli.Invocation) error {
 			parts, err := Select(parts, inv.Args)
 			if err != nil {

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -77,7 +78,11 @@ func Start(ctx context.Context, cfg config.Config, logger *slog.Logger, seeders 
 			port = 0
 		}
 		logger.Info("starting local PostgreSQL", slog.String("data", filepath.Join(dir, "pg")))
-		s.pg, err = localpg.Start(ctx, localpg.Options{DataDir: filepath.Join(dir, "pg"), Port: port, Durable: true, ExtraArgs: devPGArgs})
+		args := devPGArgs
+		if cfg.DevPGStatements {
+			args = append(slices.Clip(args), statementsPGArgs...)
+		}
+		s.pg, err = localpg.Start(ctx, localpg.Options{DataDir: filepath.Join(dir, "pg"), Port: port, Durable: true, ExtraArgs: args})
 		if err != nil {
 			return nil, err
 		}
@@ -102,6 +107,11 @@ func Start(ctx context.Context, cfg config.Config, logger *slog.Logger, seeders 
 	defer pool.Close()
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		return nil, err
+	}
+	if s.pg != nil && cfg.DevPGStatements {
+		if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+			return nil, fmt.Errorf("%s: %w", config.EnvDevPGStatements, err)
+		}
 	}
 	if err := s.devClient(ctx, pool, dir); err != nil {
 		return nil, err
@@ -197,6 +207,13 @@ func (s *Stack) Stop() {
 // one does. Durability is unchanged: fsync, synchronous_commit and
 // full_page_writes stay on.
 var devPGArgs = []string{"-c", "wal_init_zero=off"}
+
+// statementsPGArgs load pg_stat_statements (ORDERPIPE_DEV_PG_STATEMENTS):
+// PostgreSQL's execution time, calls and rows per statement, which `bench`
+// reports for its run. Off by default, as it costs a little on every
+// statement. Given at each start, not stored in the data dir: a start
+// without the setting runs without the extension's library.
+var statementsPGArgs = []string{"-c", "shared_preload_libraries=pg_stat_statements"}
 
 func portFree(port int) bool {
 	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
