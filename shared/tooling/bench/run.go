@@ -247,6 +247,9 @@ func printSummary(w io.Writer, res *Result) {
 		}
 		if r.DB != nil {
 			fmt.Fprintf(w, "  %s\n", r.DB)
+			for _, l := range r.DB.StatementLines() {
+				fmt.Fprintf(w, "  %s\n", l)
+			}
 		}
 		if r.Kind == "replay" {
 			fmt.Fprintf(w, "  replay: %d users × %d requests: %d created, %d replayed, %d retries; %d found by request_id; orders in the database: %s\n",
