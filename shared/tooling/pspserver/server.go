@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"orderpipe/shared/app"
+	"orderpipe/shared/groupcommit"
 	"orderpipe/shared/psp"
 )
 
@@ -89,6 +90,8 @@ type Server struct {
 
 	mu  sync.Mutex
 	rng *rand.Rand
+	// charges is the charges' group commit (record.go).
+	charges groupcommit.Queue[*newCharge]
 }
 
 // NewServer returns a stand-in on pool.
@@ -109,7 +112,9 @@ func NewServer(pool *pgxpool.Pool, opts Options, logger *slog.Logger) (*Server, 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Server{pool: pool, opts: opts, logger: logger, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}, nil
+	srv := &Server{pool: pool, opts: opts, logger: logger, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	srv.charges = groupcommit.Queue[*newCharge]{Flush: srv.recordBatch, MaxBatch: maxChargeBatch, Flushers: 1}
+	return srv, nil
 }
 
 // Handler serves the wire contract and GET /healthz.
@@ -192,13 +197,9 @@ func (s *Server) charge(w http.ResponseWriter, r *http.Request) {
 	if s.opts.Latency == 0 {
 		state, reason = chargeState(o)
 	}
-	var inserted bool
-	err := s.pool.QueryRow(ctx, `
-		INSERT INTO psp_charges (idempotency_key, fingerprint, state, charge_id, amount, currency, reference, reason, completed_at)
-		VALUES ($1, $2, $7, $3, $4::numeric, $5, $6, NULLIF($8, ''), CASE WHEN $7 <> 'in_flight' THEN now() END)
-		ON CONFLICT (idempotency_key) DO NOTHING
-		RETURNING true`, key, fp, chargeID, req.Amount, req.Currency, req.Reference, state, reason).Scan(&inserted)
-	if errors.Is(err, pgx.ErrNoRows) {
+	inserted, err := s.record(&newCharge{key: key, fp: fp, chargeID: chargeID, amount: req.Amount, currency: req.Currency,
+		reference: req.Reference, state: state, reason: reason})
+	if err == nil && !inserted {
 		if chargeID, ok = s.repeat(w, r, "psp_charges", "charge_id", key, fp); !ok {
 			return
 		}
