@@ -87,8 +87,16 @@ func readDB(pool *pgxpool.Pool) (r dbReading, ok bool) {
 
 // readStatements reads pg_stat_statements for the pool's database (a
 // statement run at the top level and inside a function counts once), or
-// returns nil when the extension is not there or not loaded.
+// returns nil when the extension is not there or not loaded. It asks
+// first, rather than reading the view and failing: a failed statement is
+// a rollback in the database's counters, which the run reports.
 func readStatements(ctx context.Context, pool *pgxpool.Pool) map[int64]stmtReading {
+	var kept bool
+	if err := pool.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements')
+		   AND 'pg_stat_statements' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))`).Scan(&kept); err != nil || !kept {
+		return nil
+	}
 	rows, err := pool.Query(ctx, `
 		SELECT queryid, sum(calls)::bigint, sum(rows)::bigint, sum(total_exec_time), min(query)
 		FROM pg_stat_statements

@@ -106,6 +106,9 @@ func TestStatementsOfDevsPostgres(t *testing.T) {
 			t.Fatalf("%s=%v: no database activity\n%s", config.EnvDevPGStatements, on, stdout)
 		}
 		if !on {
+			if db.Rollbacks != 0 {
+				t.Fatalf("%s off: %d rollbacks in a baseline run, which rolls nothing back\n%s", config.EnvDevPGStatements, db.Rollbacks, stdout)
+			}
 			if db.Statements != nil || strings.Contains(stdout, "statements:") {
 				t.Fatalf("%s off: statements reported: %+v\n%s", config.EnvDevPGStatements, db.Statements, stdout)
 			}
