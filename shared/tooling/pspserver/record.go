@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,15 +78,7 @@ func (s *Server) insertCharges(batch []*newCharge) error {
 			rows = append(rows, c)
 		}
 	}
-	slices.SortFunc(rows, func(a, b *newCharge) int {
-		switch {
-		case a.key < b.key:
-			return -1
-		case a.key > b.key:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(rows, func(a, b *newCharge) int { return strings.Compare(a.key, b.key) })
 	cols := make([][]string, 7)
 	fps := make([][]byte, len(rows))
 	for i, c := range rows {

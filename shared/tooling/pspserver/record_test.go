@@ -14,6 +14,18 @@ import (
 	"orderpipe/shared/tooling/testenv"
 )
 
+// standIn is a stand-in without latency or failures on the test's own
+// database.
+func standIn(t *testing.T) (*testenv.Database, *pspserver.Server) {
+	t.Helper()
+	db := testenv.DB(t)
+	srv, err := pspserver.NewServer(db.Pool, pspserver.Options{}, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, srv
+}
+
 // TestConcurrentChargesShareACommit: charges that arrive while the
 // stand-in records another go together in its next statement, one
 // transaction for all of them, and each gets its own answer; two charges
@@ -22,11 +34,7 @@ import (
 // and does not commit, so that the others queue behind it.
 func TestConcurrentChargesShareACommit(t *testing.T) {
 	t.Parallel()
-	db := testenv.DB(t)
-	srv, err := pspserver.NewServer(db.Pool, pspserver.Options{}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, srv := standIn(t)
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	c := psp.NewClient(hs.URL, 30*time.Second)
@@ -98,11 +106,7 @@ func TestConcurrentChargesShareACommit(t *testing.T) {
 // error is the bad charge's only.
 func TestAFailedBatchRecordsEachChargeAlone(t *testing.T) {
 	t.Parallel()
-	db := testenv.DB(t)
-	srv, err := pspserver.NewServer(db.Pool, pspserver.Options{}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, srv := standIn(t)
 	bad := strings.Repeat("k", 300) // the table's CHECK: at most 255
 	inserted, errs := pspserver.RecordBatch(srv, "k-alone-1", bad, "k-alone-2", "k-alone-1")
 	want := []bool{true, false, true, false}
